@@ -1,0 +1,46 @@
+# One command sets everything up and runs the course; one runs the tests.
+#   make course   create .venv if missing, install, run every notebook headlessly (fast)
+#   make test     same set-up, then the test suite
+#   make lab      same set-up, then JupyterLab on notebooks/
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.labkit-installed
+COURSE_ARGS ?= --fast
+PYTEST_ARGS ?=
+
+.PHONY: setup course test test-quick lab doctor bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools
+	$(BIN)/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+course: setup
+	$(BIN)/labkit course run $(COURSE_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-quick: setup
+	$(BIN)/python -m pytest -m "not notebooks and not slow" $(PYTEST_ARGS)
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+doctor: setup
+	$(BIN)/labkit doctor
+
+bench: setup
+	$(BIN)/python benchmarks/launch.py
+
+lint: setup
+	$(BIN)/ruff check labkit tests benchmarks
+	$(BIN)/ruff format --check labkit tests benchmarks
+
+clean:
+	rm -rf $(VENV) course-output .pytest_cache

@@ -1,0 +1,54 @@
+"""labkit: the lab kit of a hands-on course on distributed training with PyTorch.
+
+``import labkit as lk`` stays light (no torch, matplotlib or papermill until a function
+needs them), because every rank imports it too.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from labkit.launcher import (
+    LaunchTimeout,
+    RankError,
+    get_device,
+    launch,
+    rank_context,
+    shutdown,
+)
+from labkit.record import record, recorded
+
+__version__ = "0.1.0"
+
+# Submodules loaded on first use: lk.viz, lk.collectives, ...
+_LAZY_MODULES = {"bench", "collectives", "course", "doctor_checks", "exercises", "viz"}
+_LAZY_ATTRS = {"doctor": ("labkit.doctor", "doctor")}
+
+__all__ = [
+    "LaunchTimeout",
+    "RankError",
+    "bench",
+    "collectives",
+    "doctor",
+    "exercises",
+    "get_device",
+    "launch",
+    "rank_context",
+    "record",
+    "recorded",
+    "shutdown",
+    "viz",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        module = importlib.import_module(f"labkit.{name}")
+        globals()[name] = module
+        return module
+    if name in _LAZY_ATTRS:
+        mod, attr = _LAZY_ATTRS[name]
+        value = getattr(importlib.import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'labkit' has no attribute {name!r}")

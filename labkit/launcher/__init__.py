@@ -1,0 +1,82 @@
+"""Run a function on N ranks from a notebook cell, a script or a test.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb.
+
+How it works: the first launch starts one *zygote* process that imports torch once. Each launch
+asks it to fork ``world_size`` ranks (milliseconds, instead of seconds of re-importing torch per
+rank), ships them the function by value with cloudpickle (so functions, lambdas and closures
+defined in a notebook work), hosts the rendezvous store on 127.0.0.1 only, streams each rank's
+output into the cell with a ``[rank r]`` prefix, and stops every rank on the first failure, on
+the timeout (with each rank's Python stack) or on Ctrl-C. Linux and macOS; on Windows use WSL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from labkit.launcher._checks import LABKIT_BACKENDS, make_plan, pickle_call
+from labkit.launcher._context import get_device, rank_context
+from labkit.launcher._pool import _lock, current_zygote_pid, get_zygote, shutdown
+from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
+
+__all__ = [
+    "LABKIT_BACKENDS",
+    "LaunchTimeout",
+    "RankError",
+    "RankFailure",
+    "current_zygote_pid",
+    "get_device",
+    "launch",
+    "rank_context",
+    "shutdown",
+]
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int = 4,
+    backend: str = "auto",
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout: float = 120.0,
+    device: str = "auto",
+    verbose: bool = False,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
+
+    Each rank runs inside an initialised default process group (destroyed afterwards); inside
+    it, ``lk.get_device()`` is the rank's device (``cuda:<rank>`` with NCCL, else cpu).
+
+    Args:
+        fn: the function every rank runs; defined anywhere, notebook cells included.
+        world_size: number of ranks (processes).
+        backend: ``"auto"`` (NCCL with one GPU per rank, else gloo), ``"gloo"``, ``"nccl"``
+            or a labkit backend name.
+        args: extra positional arguments for ``fn`` (sent to every rank by value).
+        kwargs: extra keyword arguments for ``fn``.
+        timeout: seconds before every rank is stopped and their stacks are reported.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (rank r uses GPU r).
+        verbose: also show library chatter (c10d and gloo logs, torch deprecation warnings).
+
+    Returns:
+        The per-rank return values, in rank order.
+
+    Raises:
+        ValueError / RuntimeError: bad arguments, before any process starts.
+        RankError: a rank raised or died; names the rank(s) and shows the traceback.
+        LaunchTimeout: nothing finished within ``timeout``; shows where each rank was stuck.
+        KeyboardInterrupt: re-raised after every rank has been stopped.
+    """
+    from labkit.launcher._checks import check_fn
+
+    kwargs = dict(kwargs or {})
+    if not isinstance(args, (tuple, list)):
+        raise ValueError(f"args must be a tuple of extra arguments, got {type(args).__name__}")
+    check_fn(fn, tuple(args), kwargs)
+    plan = make_plan(world_size, backend, device, timeout, verbose)
+    payload = pickle_call(fn, tuple(args), kwargs)
+
+    from labkit.launcher._run import LaunchRun
+
+    with _lock:
+        return LaunchRun(get_zygote(), plan, payload).run()

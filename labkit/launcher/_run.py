@@ -1,0 +1,303 @@
+"""One launch: host the store, get ranks from the zygote, relay output, collect results.
+
+Everything happens on the calling thread in one ``select`` loop, so output reaches the cell
+live, a Ctrl-C (KeyboardInterrupt) lands here, and every exit path kills what is left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import selectors
+import signal
+import socket
+import time
+from datetime import timedelta
+
+import cloudpickle
+
+from labkit.launcher import _rank
+from labkit.launcher._checks import Plan
+from labkit.launcher._pool import Zygote
+from labkit.launcher._relay import OutputRelay
+from labkit.launcher._wire import FrameReader, send_msg
+from labkit.launcher.errors import (
+    LaunchTimeout,
+    RankError,
+    RankFailure,
+    describe_exit,
+    format_remote_traceback,
+)
+
+FAILURE_GRACE_S = 0.5  # after a first failure, wait this long for other ranks' own errors
+STACK_WAIT_S = 2.0  # how long ranks get to write their stacks at a timeout
+EXIT_WAIT_S = 10.0  # after its result, a rank's teardown gets this long before SIGKILL
+
+_launch_ids = itertools.count(1)
+
+
+class _RankIO:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.ctrl, ctrl_child = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        stk_r, stk_w = os.pipe()
+        self.child_fds = [ctrl_child.detach(), out_w, err_w, stk_w]
+        self.out, self.err, self.stk = out_r, err_r, stk_r
+        self.frames = FrameReader()
+        self.stack = b""
+        self.result: object = None
+        self.has_result = False
+        self.error: dict | None = None
+        self.exit_code: int | None = None
+        self.exited = False
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.child_fds = []
+
+
+class LaunchRun:
+    """Runs one call of ``lk.launch`` to completion; use ``run()`` once."""
+
+    def __init__(self, zygote: Zygote, plan: Plan, payload: bytes) -> None:
+        self.zygote = zygote
+        self.plan = plan
+        self.payload = payload
+        self.relay = OutputRelay(plan.verbose)
+        self.ranks = [_RankIO(r) for r in range(plan.world_size)]
+        self.sel = selectors.DefaultSelector()
+        self.pids: list[int] = []
+        self.id = next(_launch_ids)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _start_store(self):
+        import torch.distributed as dist
+
+        # Bind the rendezvous to loopback ourselves: TCPStore would listen on every interface.
+        self.store_sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.store_sock.bind(("127.0.0.1", 0))
+        self.store_sock.listen(128)
+        self.port = self.store_sock.getsockname()[1]
+        self.store = dist.TCPStore(
+            "127.0.0.1", self.port, self.plan.world_size, True,
+            timeout=timedelta(seconds=self.plan.pg_timeout), wait_for_workers=False,
+            master_listen_fd=self.store_sock.fileno(),
+        )
+        self.store_sock.detach()  # the store owns (and closes) the listening socket now
+
+    def _call_message(self) -> dict:
+        env = dict(os.environ)
+        env["MPLBACKEND"] = "Agg"  # a rank has no screen and no notebook to draw into
+        p = self.plan
+        return {
+            "payload": self.payload,
+            "env": env,
+            "sys_path": list(__import__("sys").path),
+            "cwd": os.getcwd(),
+            "local": {
+                "port": self.port, "backend": p.backend, "device": p.device,
+                "threads": p.threads, "pg_timeout": p.pg_timeout, "verbose": p.verbose,
+                "loopback_if": p.loopback_if,
+            },
+        }
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> list:
+        try:
+            self._start_store()
+            self.pids = self.zygote.start_ranks(self.id, [r.child_fds for r in self.ranks])
+            for r in self.ranks:
+                r.close_child_ends()
+            call = self._call_message()
+            for r in self.ranks:
+                try:
+                    send_msg(r.ctrl, call)
+                except OSError:
+                    pass  # the rank already died; its exit is reported by the zygote
+                self.sel.register(r.ctrl, selectors.EVENT_READ, ("ctrl", r))
+                self.sel.register(r.out, selectors.EVENT_READ, ("out", r))
+                self.sel.register(r.err, selectors.EVENT_READ, ("err", r))
+                self.sel.register(r.stk, selectors.EVENT_READ, ("stk", r))
+            self.sel.register(self.zygote.sock, selectors.EVENT_READ, ("zygote", None))
+            return self._supervise()
+        finally:
+            self._cleanup()
+
+    def _supervise(self) -> list:
+        deadline = time.monotonic() + self.plan.timeout
+        first_failure_at = None
+        while True:
+            now = time.monotonic()
+            if all(r.has_result for r in self.ranks):
+                self._wait_exits(EXIT_WAIT_S)
+                return [r.result for r in self.ranks]
+            failed = [r for r in self.ranks if r.error or (r.exited and not r.has_result)]
+            if failed and first_failure_at is None:
+                first_failure_at = now
+            if first_failure_at is not None and now - first_failure_at >= FAILURE_GRACE_S:
+                raise self._fail()
+            if now >= deadline:
+                raise self._timeout()
+            wait = deadline - now
+            if first_failure_at is not None:
+                wait = min(wait, first_failure_at + FAILURE_GRACE_S - now)
+            self._poll(max(0.0, wait))
+
+    def _poll(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            kind, r = key.data
+            if kind == "zygote":
+                self.zygote.pump()
+                self._note_exits()
+                continue
+            try:
+                data = (r.ctrl.recv(1 << 20) if kind == "ctrl" else os.read(key.fd, 1 << 16))
+            except OSError:
+                data = b""
+            if not data:
+                self.sel.unregister(key.fileobj)
+                if kind in ("out", "err"):
+                    self.relay.close(r.rank, kind)
+                continue
+            if kind == "ctrl":
+                for msg in r.frames.feed(data):
+                    self._on_message(r, msg)
+            elif kind == "stk":
+                r.stack += data
+            else:
+                self.relay.feed(r.rank, kind, data)
+
+    def _on_message(self, r: _RankIO, msg: dict) -> None:
+        if msg["op"] == "result":
+            r.result = cloudpickle.loads(msg["data"])
+            r.has_result = True
+        elif msg["op"] == "error":
+            r.error = msg
+
+    def _note_exits(self) -> None:
+        for r, pid in zip(self.ranks, self.pids):
+            if not r.exited and pid in self.zygote.exits:
+                r.exit_code = self.zygote.exits.pop(pid)
+                r.exited = True
+
+    def _live_pids(self) -> list[int]:
+        return [pid for r, pid in zip(self.ranks, self.pids) if not r.exited]
+
+    def _drain(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and self.sel.get_map():
+            self._poll(min(0.05, max(0.0, end - time.monotonic())))
+
+    def _wait_exits(self, seconds: float) -> None:
+        """Give live ranks ``seconds`` to exit, then SIGKILL them and wait for the zygote's word."""
+        end = time.monotonic() + seconds
+        while self._live_pids() and time.monotonic() < end:
+            self._poll(0.05)
+        if self._live_pids():
+            self.zygote.signal(self._live_pids(), signal.SIGKILL)
+            end = time.monotonic() + 10.0
+            while self._live_pids() and time.monotonic() < end:
+                self._poll(0.05)
+        self._drain(0.2)  # last output lines
+
+    # -- outcomes -------------------------------------------------------------------------
+    def _fail(self) -> RankError:
+        stopped = [r.rank for r in self.ranks if not r.exited and not r.error]
+        self._wait_exits(0.0)
+        failures = {}
+        for r in self.ranks:
+            if r.error:
+                failures[r.rank] = RankFailure(
+                    r.rank, "raised",
+                    f"raised {r.error['type']}: {r.error['message']}".rstrip(": "),
+                    details=format_remote_traceback(r.error), exit_code=r.exit_code,
+                    exc_type=r.error["type"],
+                )
+            elif r.exited and not r.has_result and r.rank not in stopped:
+                tail = self.relay.stderr_tail(r.rank)
+                failures[r.rank] = RankFailure(
+                    r.rank, "died", describe_exit(r.exit_code),
+                    details=f"last lines of its stderr:\n{tail}" if tail else "",
+                    exit_code=r.exit_code,
+                )
+        return RankError(failures, self.plan.world_size, stopped,
+                         advice="Fix the failing rank's code and run the cell again.")
+
+    def _timeout(self) -> LaunchTimeout:
+        stuck = [r for r in self.ranks if not r.exited and not r.has_result]
+        self.zygote.signal([self.pids[r.rank] for r in stuck], signal.SIGUSR1)
+        end = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < end and not all(r.stack for r in stuck):
+            self._poll(0.05)
+        self._poll(0.1)  # the rest of a dump that arrived in pieces
+        self._wait_exits(0.0)
+        failures = {
+            r.rank: RankFailure(
+                r.rank, "stuck", "was still running",
+                stack=_clean_stack(r.stack.decode(errors="replace")) or "(no stack received)",
+            )
+            for r in stuck
+        }
+        finished = [r.rank for r in self.ranks if r.has_result]
+        headline = (
+            f"no result within timeout={self.plan.timeout:g} s: rank(s) "
+            f"{', '.join(str(r.rank) for r in stuck)} had not finished"
+            + (f" (rank(s) {', '.join(map(str, finished))} had)" if finished else "")
+            + ". Where each unfinished rank was, innermost call last:"
+        )
+        advice = (
+            "\nA rank waiting in a collective or recv that its peers never reached is a "
+            "deadlock: compare the lines above. If the work is just slow, raise timeout=."
+        )
+        return LaunchTimeout(failures, self.plan.world_size, [], headline=headline,
+                             advice=advice)
+
+    def _cleanup(self) -> None:
+        # Runs on every path, KeyboardInterrupt included: nothing outlives the call.
+        try:
+            if self.pids and self._live_pids():
+                self.zygote.signal(self._live_pids(), signal.SIGKILL)
+                end = time.monotonic() + 10.0
+                while self._live_pids() and time.monotonic() < end:
+                    try:
+                        self._poll(0.05)
+                    except KeyboardInterrupt:
+                        continue
+        finally:
+            self.sel.close()
+            for r in self.ranks:
+                r.close_child_ends()
+                r.ctrl.close()
+                for fd in (r.out, r.err, r.stk):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            if hasattr(self, "store"):
+                del self.store
+            if hasattr(self, "store_sock"):
+                self.store_sock.close()
+
+
+def _clean_stack(text: str) -> str:
+    """faulthandler's dump, innermost call last and without launcher frames."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = block.splitlines()
+        if not lines:
+            continue
+        header, frames = lines[0], lines[1:]
+        frames = [f for f in frames if "labkit/launcher/" not in f]
+        if frames:
+            out.append(header.replace("most recent call first", "innermost call last"))
+            out.extend(reversed(frames))
+    return "\n".join(out)
+
+
+__all__ = ["LaunchRun", "_rank"]

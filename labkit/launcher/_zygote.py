@@ -1,0 +1,183 @@
+"""The zygote: a single-threaded process that has imported torch once and forks the ranks.
+
+Started by the launcher as ``python -m labkit.launcher._zygote SOCKET_FD LAUNCHER_PID``.
+Forking from here is safe where forking the notebook kernel is not: this process never runs a
+tensor op (so no OpenMP pool exists to freeze in the children) and never touches CUDA (so
+the ranks may initialise it themselves). Each rank therefore starts in milliseconds instead of
+re-importing torch for seconds.
+
+Protocol (frames from ``_wire``), launcher -> zygote:
+  {"op": "launch", "id", "n"} followed by n frames {"op": "rank", "rank"} carrying 4 fds each
+  (control socket, stdout pipe, stderr pipe, stack-dump pipe);
+  {"op": "signal", "pids", "sig"}; {"op": "shutdown"}.
+zygote -> launcher: {"op": "ready"}, {"op": "started", "id", "pids"}, {"op": "exit", "pid", "code"}.
+The zygote reaps every rank and reports its exit code (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import sys
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _fork_rank(sock: socket.socket, wake_fds: tuple[int, int], rank: int, n: int,
+               launch_id: int, fds: list[int], others: list[int]) -> int:
+    pid = os.fork()
+    if pid:
+        try:
+            os.setpgid(pid, pid)  # also done in the child; whoever runs first wins the race
+        except OSError:
+            pass
+        return pid
+    code = 70
+    try:
+        os.setpgid(0, 0)  # own process group: killpg reaches anything the rank starts
+        set_parent_death_signal()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sock.close()
+        for fd in (*wake_fds, *others):
+            os.close(fd)
+        from labkit.launcher import _rank
+
+        code = _rank.main(rank, n, launch_id, *fds)
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the zygote
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _send(sock: socket.socket, msg: dict) -> None:
+    from labkit.launcher._wire import send_msg
+
+    try:
+        send_msg(sock, msg)
+    except OSError:
+        pass  # launcher gone: the EOF on the next read ends the loop
+
+
+def serve(sock: socket.socket) -> None:
+    """Fork ranks on request, reap them, report their exits; return when the launcher leaves."""
+    from labkit.launcher._wire import recv_msg
+
+    live: set[int] = set()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def reap() -> None:
+        while live:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            live.discard(pid)
+            _send(sock, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def kill(pids, sig) -> None:
+        for pid in pids:
+            if pid in live:  # never signal a pid we have already reaped (it may be reused)
+                try:
+                    os.killpg(pid, sig)
+                except OSError:
+                    try:
+                        os.kill(pid, sig)
+                    except OSError:
+                        pass
+
+    _send(sock, {"op": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            ready, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        reap()
+        if sock not in ready:
+            continue
+        try:
+            msg, _ = recv_msg(sock)
+        except (EOFError, OSError):
+            msg = {"op": "shutdown"}
+        op = msg["op"]
+        if op == "launch":
+            per_rank = []
+            for _ in range(msg["n"]):
+                _, fds = recv_msg(sock, max_fds=4)
+                per_rank.append(fds)
+            all_fds = [fd for fds in per_rank for fd in fds]
+            pids = []
+            for rank, fds in enumerate(per_rank):
+                others = [fd for fd in all_fds if fd not in fds]
+                pids.append(_fork_rank(sock, (wake_r, wake_w), rank, msg["n"], msg["id"],
+                                       fds, others))
+                live.add(pids[-1])
+            for fd in all_fds:
+                os.close(fd)
+            _send(sock, {"op": "started", "id": msg["id"], "pids": pids})
+        elif op == "signal":
+            kill(msg["pids"], msg["sig"])
+        elif op == "shutdown":
+            kill(list(live), signal.SIGKILL)
+            while live:
+                try:
+                    pid, _ = os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
+                live.discard(pid)
+            return
+
+
+def main() -> None:
+    fd, launcher_pid = int(sys.argv[1]), int(sys.argv[2])
+    set_parent_death_signal()  # the kernel dies -> the zygote dies -> its ranks die
+    if os.getppid() != launcher_pid:
+        return  # the launcher died before we could register for its death
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the launcher
+    sock = socket.socket(fileno=fd)
+    # The point of this process: pay for these imports once, not once per rank per launch.
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import labkit.launcher._rank  # noqa: F401
+
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"labkit zygote (launcher pid {launcher_pid})")
+    except ImportError:
+        pass
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Errors raised by ``lk.launch`` when ranks fail: which rank, what happened, what to do."""
+
+from __future__ import annotations
+
+import linecache
+import signal
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RankFailure:
+    """What went wrong on one rank.
+
+    ``kind`` is ``"raised"`` (the function raised), ``"died"`` (the process ended without a
+    result: killed, ``os._exit``, a crash) or ``"stuck"`` (still running at the timeout).
+    """
+
+    rank: int
+    kind: str
+    summary: str
+    details: str = ""
+    exit_code: int | None = None
+    exc_type: str | None = None
+    stack: str = ""
+
+
+def describe_exit(code: int | None) -> str:
+    """Human words for a process exit code (negative codes are signals)."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = {
+            "SIGKILL": " (killed: out of memory, or someone ran kill -9)",
+            "SIGSEGV": " (segmentation fault: a crash in native code)",
+            "SIGABRT": " (aborted by native code)",
+        }.get(name, "")
+        return f"was killed by {name} ({-code}){hint}"
+    return f"exited with code {code} without returning a result"
+
+
+def format_remote_traceback(msg: dict) -> str:
+    """Render a rank's traceback, filling in source lines only this process knows.
+
+    Functions defined in a notebook cell carry file names like ``/tmp/ipykernel_1/123.py``
+    whose text lives in the kernel's linecache, not in the rank that ran them.
+    """
+    lines = ["Traceback (most recent call last):\n"]
+    for filename, lineno, name, line in msg["frames"]:
+        lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        text = line or linecache.getline(filename, lineno or 0).strip()
+        if text:
+            lines.append(f"    {text}\n")
+    lines.append(msg["exception"])
+    return "".join(lines)
+
+
+class RankError(RuntimeError):
+    """One or more ranks failed; ``failures`` maps each failed rank to its ``RankFailure``.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb.
+    """
+
+    def __init__(self, failures: dict[int, RankFailure], world_size: int, stopped: list[int],
+                 headline: str | None = None, advice: str = ""):
+        self.failures = dict(sorted(failures.items()))
+        self.world_size = world_size
+        self.stopped = stopped
+        self.ranks = list(self.failures)
+        first = next(iter(self.failures.values()))
+        self.headline = headline or (
+            f"rank {first.rank} {first.summary}"
+            if len(self.failures) == 1
+            else f"ranks {_join(self.ranks)} failed; first: rank {first.rank} {first.summary}"
+        )
+        self.advice = advice
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts = [self.headline]
+        for f in self.failures.values():
+            body = f.details or f.stack
+            if body:
+                parts.append(f"\n--- rank {f.rank} ({f.kind}) ---\n{body.rstrip()}")
+        if self.stopped:
+            parts.append(
+                f"\nThe other rank(s) {_join(self.stopped)} were stopped; no rank is left running."
+            )
+        if self.advice:
+            parts.append(self.advice)
+        return "\n".join(parts)
+
+
+class LaunchTimeout(RankError, TimeoutError):
+    """No result within the launch's ``timeout``; the message shows where every rank was.
+
+    Introduced in notebooks/01_point_to_point.ipynb (the deadlock lesson).
+    """
+
+
+def _join(ranks) -> str:
+    return ", ".join(str(r) for r in ranks)
