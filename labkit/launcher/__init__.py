@@ -12,7 +12,8 @@ the timeout (with each rank's Python stack) or on Ctrl-C. Linux and macOS; on Wi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from labkit.launcher._checks import LABKIT_BACKENDS, make_plan, pickle_call
 from labkit.launcher._context import get_device, rank_context

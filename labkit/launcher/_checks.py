@@ -157,8 +157,47 @@ def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
     backend = resolve_backend(backend, world_size, device)
     device = resolve_device(device, backend, world_size)
     threads = max(1, (os.cpu_count() or 1) // world_size)
-    return Plan(world_size, backend, device, threads, float(timeout),
-                float(timeout) + 60.0, loopback_interface(), bool(verbose))
+    return Plan(
+        world_size,
+        backend,
+        device,
+        threads,
+        float(timeout),
+        float(timeout) + 60.0,
+        loopback_interface(),
+        bool(verbose),
+    )
+
+
+def _dumps(obj) -> bytes:
+    """cloudpickle, but code objects keep their file name.
+
+    cloudpickle >= 3.1 renames every shipped function's file to ``<dynamic-code>``; keeping the
+    real one (a notebook cell's ``/tmp/ipykernel_.../N.py``) lets the launcher show the source
+    line of each frame in a rank's traceback and stack dump.
+    """
+    import io
+    import pickle
+    import types
+    from collections import ChainMap
+
+    import cloudpickle
+
+    base = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
+    if base is None:  # an older cloudpickle keeps file names by itself
+        return cloudpickle.dumps(obj)
+
+    def reduce_code(code):
+        ctor, args = base(code)
+        keep = code.co_filename
+        return ctor, tuple(keep if a == "<dynamic-code>" else a for a in args)
+
+    class _Pickler(cloudpickle.Pickler):
+        dispatch_table = ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 def pickle_call(fn, args: tuple, kwargs: dict) -> bytes:
@@ -166,7 +205,7 @@ def pickle_call(fn, args: tuple, kwargs: dict) -> bytes:
     import cloudpickle
 
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return _dumps((fn, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - find the culprit for the message
         culprit = "fn (or something it uses from the notebook)"
         for i, a in enumerate(args):

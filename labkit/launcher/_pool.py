@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from labkit.launcher._wire import FrameReader, recv_msg, send_msg
+from labkit.launcher._wire import FrameReader, send_msg
 
 START_TIMEOUT_S = 180.0  # importing torch on a cold, busy laptop can take a while
 
@@ -37,8 +37,13 @@ class Zygote:
         env["MPLBACKEND"] = "Agg"
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "labkit.launcher._zygote", str(child_sock.fileno()),
-             str(os.getpid())],
+            [
+                sys.executable,
+                "-m",
+                "labkit.launcher._zygote",
+                str(child_sock.fileno()),
+                str(os.getpid()),
+            ],
             pass_fds=[child_sock.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=self._log,

@@ -106,8 +106,15 @@ def _teardown() -> None:
         dist.destroy_process_group()
 
 
-def main(rank: int, world_size: int, launch_id: int, ctrl_fd: int, out_fd: int, err_fd: int,
-         stack_fd: int) -> int:
+def main(
+    rank: int,
+    world_size: int,
+    launch_id: int,
+    ctrl_fd: int,
+    out_fd: int,
+    err_fd: int,
+    stack_fd: int,
+) -> int:
     """Run one rank to completion and return its exit code (the zygote ``_exit``s with it)."""
     _redirect_output(out_fd, err_fd)
     faulthandler.enable(file=sys.stderr, all_threads=True)  # segfaults print a Python stack

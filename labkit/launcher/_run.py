@@ -16,7 +16,6 @@ from datetime import timedelta
 
 import cloudpickle
 
-from labkit.launcher import _rank
 from labkit.launcher._checks import Plan
 from labkit.launcher._pool import Zygote
 from labkit.launcher._relay import OutputRelay
@@ -25,6 +24,7 @@ from labkit.launcher.errors import (
     LaunchTimeout,
     RankError,
     RankFailure,
+    clean_stack_dump,
     describe_exit,
     format_remote_traceback,
 )
@@ -85,8 +85,12 @@ class LaunchRun:
         self.store_sock.listen(128)
         self.port = self.store_sock.getsockname()[1]
         self.store = dist.TCPStore(
-            "127.0.0.1", self.port, self.plan.world_size, True,
-            timeout=timedelta(seconds=self.plan.pg_timeout), wait_for_workers=False,
+            "127.0.0.1",
+            self.port,
+            self.plan.world_size,
+            True,
+            timeout=timedelta(seconds=self.plan.pg_timeout),
+            wait_for_workers=False,
             master_listen_fd=self.store_sock.fileno(),
         )
         self.store_sock.detach()  # the store owns (and closes) the listening socket now
@@ -101,8 +105,12 @@ class LaunchRun:
             "sys_path": list(__import__("sys").path),
             "cwd": os.getcwd(),
             "local": {
-                "port": self.port, "backend": p.backend, "device": p.device,
-                "threads": p.threads, "pg_timeout": p.pg_timeout, "verbose": p.verbose,
+                "port": self.port,
+                "backend": p.backend,
+                "device": p.device,
+                "threads": p.threads,
+                "pg_timeout": p.pg_timeout,
+                "verbose": p.verbose,
                 "loopback_if": p.loopback_if,
             },
         }
@@ -157,7 +165,7 @@ class LaunchRun:
                 self._note_exits()
                 continue
             try:
-                data = (r.ctrl.recv(1 << 20) if kind == "ctrl" else os.read(key.fd, 1 << 16))
+                data = r.ctrl.recv(1 << 20) if kind == "ctrl" else os.read(key.fd, 1 << 16)
             except OSError:
                 data = b""
             if not data:
@@ -181,13 +189,13 @@ class LaunchRun:
             r.error = msg
 
     def _note_exits(self) -> None:
-        for r, pid in zip(self.ranks, self.pids):
+        for r, pid in zip(self.ranks, self.pids, strict=False):
             if not r.exited and pid in self.zygote.exits:
                 r.exit_code = self.zygote.exits.pop(pid)
                 r.exited = True
 
     def _live_pids(self) -> list[int]:
-        return [pid for r, pid in zip(self.ranks, self.pids) if not r.exited]
+        return [pid for r, pid in zip(self.ranks, self.pids, strict=False) if not r.exited]
 
     def _drain(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -214,20 +222,28 @@ class LaunchRun:
         for r in self.ranks:
             if r.error:
                 failures[r.rank] = RankFailure(
-                    r.rank, "raised",
+                    r.rank,
+                    "raised",
                     f"raised {r.error['type']}: {r.error['message']}".rstrip(": "),
-                    details=format_remote_traceback(r.error), exit_code=r.exit_code,
+                    details=format_remote_traceback(r.error),
+                    exit_code=r.exit_code,
                     exc_type=r.error["type"],
                 )
             elif r.exited and not r.has_result and r.rank not in stopped:
                 tail = self.relay.stderr_tail(r.rank)
                 failures[r.rank] = RankFailure(
-                    r.rank, "died", describe_exit(r.exit_code),
+                    r.rank,
+                    "died",
+                    describe_exit(r.exit_code),
                     details=f"last lines of its stderr:\n{tail}" if tail else "",
                     exit_code=r.exit_code,
                 )
-        return RankError(failures, self.plan.world_size, stopped,
-                         advice="Fix the failing rank's code and run the cell again.")
+        return RankError(
+            failures,
+            self.plan.world_size,
+            stopped,
+            advice="Fix the failing rank's code and run the cell again.",
+        )
 
     def _timeout(self) -> LaunchTimeout:
         stuck = [r for r in self.ranks if not r.exited and not r.has_result]
@@ -239,8 +255,10 @@ class LaunchRun:
         self._wait_exits(0.0)
         failures = {
             r.rank: RankFailure(
-                r.rank, "stuck", "was still running",
-                stack=_clean_stack(r.stack.decode(errors="replace")) or "(no stack received)",
+                r.rank,
+                "stuck",
+                "was still running",
+                stack=clean_stack_dump(r.stack.decode(errors="replace")) or "(no stack received)",
             )
             for r in stuck
         }
@@ -255,8 +273,7 @@ class LaunchRun:
             "\nA rank waiting in a collective or recv that its peers never reached is a "
             "deadlock: compare the lines above. If the work is just slow, raise timeout=."
         )
-        return LaunchTimeout(failures, self.plan.world_size, [], headline=headline,
-                             advice=advice)
+        return LaunchTimeout(failures, self.plan.world_size, [], headline=headline, advice=advice)
 
     def _cleanup(self) -> None:
         # Runs on every path, KeyboardInterrupt included: nothing outlives the call.
@@ -283,21 +300,3 @@ class LaunchRun:
                 del self.store
             if hasattr(self, "store_sock"):
                 self.store_sock.close()
-
-
-def _clean_stack(text: str) -> str:
-    """faulthandler's dump, innermost call last and without launcher frames."""
-    out = []
-    for block in text.strip().split("\n\n"):
-        lines = block.splitlines()
-        if not lines:
-            continue
-        header, frames = lines[0], lines[1:]
-        frames = [f for f in frames if "labkit/launcher/" not in f]
-        if frames:
-            out.append(header.replace("most recent call first", "innermost call last"))
-            out.extend(reversed(frames))
-    return "\n".join(out)
-
-
-__all__ = ["LaunchRun", "_rank"]

@@ -36,8 +36,15 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def _fork_rank(sock: socket.socket, wake_fds: tuple[int, int], rank: int, n: int,
-               launch_id: int, fds: list[int], others: list[int]) -> int:
+def _fork_rank(
+    sock: socket.socket,
+    wake_fds: tuple[int, int],
+    rank: int,
+    n: int,
+    launch_id: int,
+    fds: list[int],
+    others: list[int],
+) -> int:
     pid = os.fork()
     if pid:
         try:
@@ -137,8 +144,9 @@ def serve(sock: socket.socket) -> None:
             pids = []
             for rank, fds in enumerate(per_rank):
                 others = [fd for fd in all_fds if fd not in fds]
-                pids.append(_fork_rank(sock, (wake_r, wake_w), rank, msg["n"], msg["id"],
-                                       fds, others))
+                pids.append(
+                    _fork_rank(sock, (wake_r, wake_w), rank, msg["n"], msg["id"], fds, others)
+                )
                 live.add(pids[-1])
             for fd in all_fds:
                 os.close(fd)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import linecache
+import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -50,6 +51,8 @@ def format_remote_traceback(msg: dict) -> str:
     """
     lines = ["Traceback (most recent call last):\n"]
     for filename, lineno, name, line in msg["frames"]:
+        if _is_launcher_file(filename):
+            continue  # the launcher's own frames are not the learner's business
         lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
         text = line or linecache.getline(filename, lineno or 0).strip()
         if text:
@@ -58,14 +61,58 @@ def format_remote_traceback(msg: dict) -> str:
     return "".join(lines)
 
 
+def _is_launcher_file(filename: str) -> bool:
+    return "labkit/launcher/" in filename.replace("\\", "/") or filename.startswith("<frozen runpy")
+
+
+def clean_stack_dump(text: str) -> str:
+    """A faulthandler dump, innermost call last, without launcher frames, with source lines."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = block.splitlines()
+        if not lines:
+            continue
+        frames = []
+        for frame in lines[1:]:
+            m = _FRAME.match(frame)
+            if m and _is_launcher_file(m["file"]):
+                continue
+            frames.append(frame)
+            if m:
+                src = linecache.getline(m["file"], int(m["line"])).strip()
+                if src:
+                    frames.append(f"    {src}")
+        if frames:
+            out.append(lines[0].replace("most recent call first", "innermost call last"))
+            # Reverse frame by frame, keeping each source line under its frame.
+            grouped: list[list[str]] = []
+            for line in frames:
+                if line.startswith("    ") and grouped:
+                    grouped[-1].append(line)
+                else:
+                    grouped.append([line])
+            for group in reversed(grouped):
+                out.extend(group)
+    return "\n".join(out)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.*)$')
+
+
 class RankError(RuntimeError):
     """One or more ranks failed; ``failures`` maps each failed rank to its ``RankFailure``.
 
     Introduced in notebooks/00_setup_and_launcher.ipynb.
     """
 
-    def __init__(self, failures: dict[int, RankFailure], world_size: int, stopped: list[int],
-                 headline: str | None = None, advice: str = ""):
+    def __init__(
+        self,
+        failures: dict[int, RankFailure],
+        world_size: int,
+        stopped: list[int],
+        headline: str | None = None,
+        advice: str = "",
+    ):
         self.failures = dict(sorted(failures.items()))
         self.world_size = world_size
         self.stopped = stopped
@@ -81,6 +128,8 @@ class RankError(RuntimeError):
 
     def _render(self) -> str:
         parts = [self.headline]
+        if len(self.failures) > 1:
+            parts.extend(f"  rank {f.rank} {f.summary}" for f in self.failures.values())
         for f in self.failures.values():
             body = f.details or f.stack
             if body:
