@@ -89,6 +89,7 @@ def _gpu_count() -> int:
 
 
 def resolve_backend(backend: str, world_size: int, device: str) -> str:
+    import torch
     import torch.distributed as dist
 
     if not isinstance(backend, str):
@@ -115,7 +116,10 @@ def resolve_backend(backend: str, world_size: int, device: str) -> str:
         )
     if name == "nccl":
         if not dist.is_nccl_available():
-            raise RuntimeError("backend='nccl' needs a CUDA build of PyTorch; use 'gloo' here")
+            raise RuntimeError(
+                "backend='nccl' needs NVIDIA GPUs and a CUDA build of PyTorch; this one is "
+                f"torch {torch.__version__} without NCCL. Use backend='gloo' (CPU)."
+            )
         gpus = _gpu_count()
         if gpus < world_size:
             raise RuntimeError(

@@ -133,7 +133,10 @@ def main(
     try:
         import setproctitle
 
-        setproctitle.setproctitle(f"labkit rank {rank}/{world_size} (launch {launch_id})")
+        setproctitle.setproctitle(
+            f"labkit rank {rank}/{world_size} (launch {launch_id}, "
+            f"launcher pid {call['launcher_pid']})"
+        )
     except ImportError:
         pass
 

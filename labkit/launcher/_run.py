@@ -104,6 +104,7 @@ class LaunchRun:
             "env": env,
             "sys_path": list(__import__("sys").path),
             "cwd": os.getcwd(),
+            "launcher_pid": os.getpid(),
             "local": {
                 "port": self.port,
                 "backend": p.backend,
@@ -155,7 +156,8 @@ class LaunchRun:
             wait = deadline - now
             if first_failure_at is not None:
                 wait = min(wait, first_failure_at + FAILURE_GRACE_S - now)
-            self._poll(max(0.0, wait))
+            # Wake at least 5x a second: a Ctrl-C must not wait for a long select to end.
+            self._poll(min(max(0.0, wait), 0.2))
 
     def _poll(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
