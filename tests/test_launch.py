@@ -286,3 +286,29 @@ def test_auto_picks_nccl_with_a_gpu_per_rank():
     assert [o[0] for o in out] == ["nccl", "nccl"]
     assert [o[1] for o in out] == ["cuda:0", "cuda:1"]
     torch.testing.assert_close(out[0][2], torch.ones(4))
+
+
+def _ddp_steps(rank, world_size, steps):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(16, 8) + rank).pow(2).mean().backward()
+        opt.step()
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(gathered, flat)
+    return all(torch.equal(g, flat) for g in gathered)
+
+
+@pytest.mark.slow
+def test_repeated_ddp_launches_survive_gloo_teardown():
+    """gloo can abort a process at exit after DDP (FINDINGS.md); results arrive before teardown
+    and a rank's exit after its result is never the learner's failure."""
+    for _ in range(6):
+        assert lk.launch(_ddp_steps, world_size=3, args=(3,)) == [True, True, True]

@@ -201,7 +201,8 @@ class LaunchRun:
 
     def _drain(self, seconds: float) -> None:
         end = time.monotonic() + seconds
-        while time.monotonic() < end and self.sel.get_map():
+        # Until every rank pipe has reached EOF (the zygote's socket never does).
+        while time.monotonic() < end and len(self.sel.get_map()) > 1:
             self._poll(min(0.05, max(0.0, end - time.monotonic())))
 
     def _wait_exits(self, seconds: float) -> None:
