@@ -6,4 +6,6 @@ Each submodule serves the notebooks named in its docstring; re-export public fun
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from labkit.viz.collectives import collective_diagram, value_origins
+
+__all__: list[str] = ["collective_diagram", "value_origins"]
