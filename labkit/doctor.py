@@ -1,0 +1,235 @@
+"""Preflight for the course: ``lk.doctor()`` in a notebook, ``labkit doctor`` in a terminal.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb.
+
+Checks Python, torch against the course pin, torch.distributed with gloo (and NCCL), the GPUs
+(without initialising CUDA in this process), cores, memory, ``/dev/shm``, loopback networking,
+leftover labkit processes, the notebook tooling and a C++ compiler. Each check says what it
+measured and, when it is not ok, what to do. "fail" means something blocks the course.
+
+Run it from a terminal (exit status 1 when a check fails):
+
+    labkit doctor                 # or: python -m labkit.doctor
+    labkit doctor --json          # machine-readable
+    labkit doctor --kill-stale    # also stop labkit processes left from earlier runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+import textwrap
+import time
+import types
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from labkit.doctor_checks import Check
+from labkit.doctor_gpu import GpuQuery
+
+__all__ = ["Check", "DoctorReport", "doctor", "main"]
+
+_STATUS_LABEL = {"ok": "ok", "warn": "WARN", "fail": "FAIL"}
+_STATUS_COLOUR = {"ok": "#d4edda", "warn": "#fff3cd", "fail": "#f8d7da"}
+_WIDTH = 100  # wrap the text table to this many columns
+
+
+@dataclass(repr=False)
+class DoctorReport:
+    """The doctor's checks: a text table when printed, an HTML table in Jupyter.
+
+    Attributes:
+        checks: one :class:`Check` per line, in the order they ran.
+        verbose: show how long each check took.
+    """
+
+    checks: list[Check]
+    verbose: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed (warnings allowed)."""
+        return all(check.status != "fail" for check in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        """How many checks ended ok, warn and fail."""
+        return {s: sum(c.status == s for c in self.checks) for s in _STATUS_LABEL}
+
+    def __getitem__(self, name: str) -> Check:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(f"no check named {name!r}; have {[c.name for c in self.checks]}")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"ok": bool, "counts": {...}, "checks": [{name, status, ...}]}``."""
+        return {
+            "ok": self.ok,
+            "counts": self.counts(),
+            "checks": [asdict(check) for check in self.checks],
+        }
+
+    def _summary(self) -> str:
+        counts = self.counts()
+        verdict = "ready" if self.ok else "not ready: fix the FAIL lines"
+        return (
+            f"labkit doctor: {counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail"
+            f" — {verdict}"
+        )
+
+    def __str__(self) -> str:
+        name_w = max((len(c.name) for c in self.checks), default=0)
+        rows = [self._summary()]
+        for check in self.checks:
+            head = f"{_STATUS_LABEL[check.status]:<4}  {check.name:<{name_w}}  "
+            if self.verbose:
+                head += f"{check.seconds * 1000:6.0f} ms  "
+            indent = " " * len(head)
+            lines = [_wrap(line, indent, indent + "  ") for line in check.detail.splitlines()]
+            if check.status != "ok" and check.fix:
+                lines.append(_wrap(f"fix: {check.fix}", indent, indent + "     "))
+            rows.append(head + (lines[0][len(indent) :] if lines else ""))
+            rows.extend(lines[1:])
+        return "\n".join(rows)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        def cell(text: str) -> str:
+            return html.escape(text).replace("\n", "<br>")
+
+        head = "<th>status</th><th>check</th>"
+        head += "<th>time</th>" if self.verbose else ""
+        head += "<th>detail</th><th>fix</th>"
+        rows = []
+        for c in self.checks:
+            style = f"background:{_STATUS_COLOUR[c.status]};font-weight:bold"
+            row = f'<td style="{style}">{_STATUS_LABEL[c.status]}</td><td>{cell(c.name)}</td>'
+            if self.verbose:
+                row += f"<td>{c.seconds * 1000:.0f} ms</td>"
+            fix = cell(c.fix) if c.status != "ok" else ""
+            row += f'<td style="text-align:left">{cell(c.detail)}</td>'
+            row += f'<td style="text-align:left">{fix}</td>'
+            rows.append(f"<tr>{row}</tr>")
+        return (
+            f"<p><b>{cell(self._summary())}</b></p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
+
+
+def _wrap(text: str, indent: str, subsequent: str) -> str:
+    return textwrap.fill(
+        text,
+        width=max(_WIDTH, len(subsequent) + 40),
+        initial_indent=indent,
+        subsequent_indent=subsequent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
+def _timed(name: str, fn: Callable[..., Check], *args: object) -> Check:
+    start = time.perf_counter()
+    try:
+        check = fn(*args)
+    except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
+        check = Check(
+            name,
+            "warn",
+            f"the check itself raised {type(exc).__name__}: {exc}",
+            "this is a labkit bug: please report it with this output",
+        )
+    check.seconds += time.perf_counter() - start
+    return check
+
+
+def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
+    """Check this machine for the course and return the report (printing nothing).
+
+    Takes well under 3 s once torch is imported; starts no ranks, never initialises CUDA in
+    this process. In a notebook, leave the report as the cell's last expression to see it.
+
+    Args:
+        verbose: show how long each check took.
+        kill_stale: terminate labkit processes left from earlier runs (see
+            :mod:`labkit.doctor_stale`); this process's own worker is never touched.
+
+    Returns:
+        A :class:`DoctorReport`; ``report.ok`` is False when something blocks the course.
+    """
+    from labkit import doctor_checks as env
+    from labkit import doctor_gpu as gpu
+    from labkit import doctor_host as host
+    from labkit import doctor_stale as stale
+
+    checks = [
+        _timed("python", env.check_python),
+        _timed("torch", env.check_torch),
+        _timed("torch.distributed", env.check_distributed),
+        _timed("gloo", env.check_gloo),
+    ]
+    start = time.perf_counter()
+    try:
+        query = gpu.query_gpus()
+    except Exception as exc:  # noqa: BLE001 - reported as the gpus check's warning
+        query = GpuQuery((), "none", f"the GPU query raised {type(exc).__name__}: {exc}")
+    query_s = time.perf_counter() - start
+    n_gpus = len(query.gpus)
+    gpus_check = _timed("gpus", gpu.check_gpus, query)
+    gpus_check.seconds += query_s
+    checks += [
+        _timed("nccl", gpu.check_nccl, n_gpus),
+        gpus_check,
+        _timed("cuda state", gpu.check_cuda_state),
+        _timed("cpu", host.check_cpu, n_gpus),
+        _timed("memory", host.check_memory),
+        _timed("/dev/shm", host.check_shm, n_gpus),
+        _timed("loopback", host.check_loopback),
+        _timed("tcp port", host.check_tcp_port),
+        _timed("stale processes", stale.check_stale, kill_stale),
+        _timed("jupyter", host.check_jupyter),
+        _timed("c++ compiler", host.check_compiler),
+    ]
+    return DoctorReport(checks, verbose=verbose)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``labkit doctor``: print the report (a table, or JSON with ``--json``).
+
+    Args:
+        argv: command-line arguments after ``doctor`` (``sys.argv[1:]`` when None).
+
+    Returns:
+        The exit status: 1 when any check fails, else 0.
+    """
+    parser = argparse.ArgumentParser(
+        prog="labkit doctor",
+        description="Check this machine for the distributed-training course.",
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--kill-stale",
+        action="store_true",
+        help="terminate labkit zygotes and ranks left over from earlier runs",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show each check's time")
+    args = parser.parse_args(argv)
+    report = doctor(verbose=args.verbose, kill_stale=args.kill_stale)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0 if report.ok else 1
+
+
+class _CallableModule(types.ModuleType):
+    # `lk.doctor` is meant to be the function, but importing the submodule labkit.doctor
+    # (as `labkit doctor` and the tests do) rebinds the package attribute to this module:
+    # calling the module then runs the doctor too.
+    def __call__(self, verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
+        return doctor(verbose=verbose, kill_stale=kill_stale)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+    raise SystemExit(main())
