@@ -84,6 +84,7 @@ def test_rank_error_shows_the_cell_source_line(kernel):
     status, out, err, ename, _ = run_cell(
         kc,
         """
+        import labkit as lk
         def g(rank, world_size):
             if rank == 2:
                 raise KeyError("missing-key-in-cell")
@@ -104,6 +105,7 @@ def test_interrupt_button_stops_ranks_and_kernel_stays_usable(kernel):
         kc,
         """
         import os
+        import labkit as lk
         def slow(rank, world_size):
             import time
             print("started", flush=True)
@@ -113,7 +115,7 @@ def test_interrupt_button_stops_ranks_and_kernel_stays_usable(kernel):
         interrupt_after=4.0,
         km=km,
     )
-    assert status == "error" and ename == "KeyboardInterrupt"
+    assert status == "error" and ename == "KeyboardInterrupt", (status, out, err)
     _, pid_out, _, _, _ = run_cell(kc, "print(os.getpid())")
     kernel_pid = int(pid_out.strip())
     assert wait_until(
