@@ -21,8 +21,8 @@ from labkit.record import record, recorded
 __version__ = "0.1.0"
 
 # Submodules loaded on first use: lk.viz, lk.collectives, ...
-_LAZY_MODULES = {"bench", "collectives", "course", "doctor_checks", "exercises", "viz"}
-_LAZY_ATTRS = {"doctor": ("labkit.doctor", "doctor")}
+_LAZY_MODULES = {"bench", "collectives", "course", "exercises", "preflight", "viz"}
+_LAZY_ATTRS = {"doctor": ("labkit.preflight", "doctor")}
 
 __all__ = [
     "LaunchTimeout",

@@ -12,7 +12,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from labkit.doctor_checks import REQUIREMENTS, Check
+from labkit.preflight.checks import REQUIREMENTS, Check
 
 GIB = 1 << 30
 MIN_CORES = 2

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.doctor_checks import Check
+from labkit.preflight.checks import Check
 
 TITLE_PREFIXES = ("labkit zygote", "labkit rank")
 _LAUNCHER_PID = re.compile(r"launcher pid (\d+)")

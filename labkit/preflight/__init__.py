@@ -9,7 +9,7 @@ measured and, when it is not ok, what to do. "fail" means something blocks the c
 
 Run it from a terminal (exit status 1 when a check fails):
 
-    labkit doctor                 # or: python -m labkit.doctor
+    labkit doctor                 # or: python -m labkit.preflight
     labkit doctor --json          # machine-readable
     labkit doctor --kill-stale    # also stop labkit processes left from earlier runs
 """
@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import sys
 import textwrap
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from labkit.doctor_checks import Check
-from labkit.doctor_gpu import GpuQuery
+from labkit.preflight.checks import Check
+from labkit.preflight.gpu import GpuQuery
 
 __all__ = ["Check", "DoctorReport", "doctor", "main"]
 
@@ -154,15 +152,15 @@ def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
     Args:
         verbose: show how long each check took.
         kill_stale: terminate labkit processes left from earlier runs (see
-            :mod:`labkit.doctor_stale`); this process's own worker is never touched.
+            :mod:`labkit.preflight.stale`); this process's own worker is never touched.
 
     Returns:
         A :class:`DoctorReport`; ``report.ok`` is False when something blocks the course.
     """
-    from labkit import doctor_checks as env
-    from labkit import doctor_gpu as gpu
-    from labkit import doctor_host as host
-    from labkit import doctor_stale as stale
+    from labkit.preflight import checks as env
+    from labkit.preflight import gpu as gpu
+    from labkit.preflight import host as host
+    from labkit.preflight import stale as stale
 
     checks = [
         _timed("python", env.check_python),
@@ -220,16 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0 if report.ok else 1
 
-
-class _CallableModule(types.ModuleType):
-    # `lk.doctor` is meant to be the function, but importing the submodule labkit.doctor
-    # (as `labkit doctor` and the tests do) rebinds the package attribute to this module:
-    # calling the module then runs the doctor too.
-    def __call__(self, verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
-        return doctor(verbose=verbose, kill_stale=kill_stale)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Tests for labkit.doctor_host: cores, memory, /dev/shm, loopback, packages, compiler."""
+"""Tests for labkit.preflight.host: cores, memory, /dev/shm, loopback, packages, compiler."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import namedtuple
 import psutil
 import pytest
 
-from labkit import doctor_host as host
+from labkit.preflight import host as host
 
 GIB = 1 << 30
 DiskUsage = namedtuple("DiskUsage", "total used free")

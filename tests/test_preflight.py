@@ -1,4 +1,4 @@
-"""Tests for labkit.doctor: the report, its renderings, main()'s exit codes, no CUDA init."""
+"""Tests for labkit.preflight (lk.doctor): report, renderings, exit codes, no CUDA init."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import labkit as lk
-from labkit import doctor_host, doctor_stale
+from labkit.preflight import host as doctor_host
+from labkit.preflight import stale as doctor_stale
 
-doctor_mod = importlib.import_module("labkit.doctor")  # the module, whatever lk.doctor is
+doctor_mod = importlib.import_module("labkit.preflight")  # the module, whatever lk.doctor is
 Check, DoctorReport = doctor_mod.Check, doctor_mod.DoctorReport
 
 NAMES = [
@@ -60,7 +61,7 @@ def test_doctor_runs_every_check_and_prints_nothing(capsys):
 
 
 def test_lk_doctor_is_callable_whatever_was_imported_first():
-    # Importing the submodule rebinds lk.doctor to the module: it must still run the doctor.
+    # The preflight package is imported above; lk.doctor is still the function.
     assert isinstance(lk.doctor(), DoctorReport)
 
 

@@ -1,4 +1,4 @@
-"""Tests for labkit.doctor_gpu: GPUs (a fake nvidia-smi), NCCL and the CUDA state."""
+"""Tests for labkit.preflight.gpu: GPUs (a fake nvidia-smi), NCCL and the CUDA state."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit import doctor_gpu as gpu
+from labkit.preflight import gpu as gpu
 
 SMI_ARGS = "--query-gpu=name,memory.total,memory.used"
 

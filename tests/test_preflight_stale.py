@@ -1,4 +1,4 @@
-"""Tests for labkit.doctor_stale with real processes titled like labkit's.
+"""Tests for labkit.preflight.stale with real processes titled like labkit's.
 
 Never runs the kill path over every process on the machine (others may be running labkit
 too): the kill tests restrict the doctor's scan to the processes they started.
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from labkit import doctor_stale as stale
+from labkit.preflight import stale as stale
 
 TITLED = "import setproctitle, sys, time\nsetproctitle.setproctitle(sys.argv[1])\ntime.sleep(120)\n"
-doctor_mod = importlib.import_module("labkit.doctor")  # the module, whatever lk.doctor is
+doctor_mod = importlib.import_module("labkit.preflight")  # the module, whatever lk.doctor is
 # A fake zygote: titles itself, then forks a titled rank that sleeps (like labkit's zygote).
 ZYGOTE = (
     "import os, setproctitle, sys, time\n"

@@ -3,8 +3,8 @@
 Introduced in notebooks/00_setup_and_launcher.ipynb.
 
 Each check is a small function returning a :class:`Check`. The GPU checks are in
-:mod:`labkit.doctor_gpu`, the host checks (cores, memory, ``/dev/shm``, network, packages) in
-:mod:`labkit.doctor_host`, leftover labkit processes in :mod:`labkit.doctor_stale`.
+:mod:`labkit.preflight.gpu`, the host checks (cores, memory, ``/dev/shm``, network, packages) in
+:mod:`labkit.preflight.host`, leftover labkit processes in :mod:`labkit.preflight.stale`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 STATUSES = ("ok", "warn", "fail")
 SUPPORTED_PYTHON = ((3, 10), (3, 13))  # inclusive range of minor versions
 FALLBACK_TORCH_PIN = "2.13.0"  # used when requirements.txt is not next to the package
-REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements.txt"
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements.txt"
 
 
 @dataclass

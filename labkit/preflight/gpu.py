@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from labkit.doctor_checks import Check
+from labkit.preflight.checks import Check
 
 NO_GPU = "no GPU: the course runs on CPU with gloo"
 BUSY_GPU_FRACTION = 0.25  # more memory in use than this on an idle box: someone holds the GPU

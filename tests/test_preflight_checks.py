@@ -1,4 +1,4 @@
-"""Tests for labkit.doctor_checks: Python, torch against the pin, torch.distributed, gloo."""
+"""Tests for labkit.preflight.checks: Python, torch against the pin, torch.distributed, gloo."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit import doctor_checks as env
+from labkit.preflight import checks as env
 
 
 def test_check_status_is_validated():

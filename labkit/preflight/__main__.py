@@ -1,0 +1,5 @@
+"""``python -m labkit.preflight``: the same as ``labkit doctor``."""
+
+from labkit.preflight import main
+
+raise SystemExit(main())
