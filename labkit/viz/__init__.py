@@ -6,6 +6,13 @@ Each submodule serves the notebooks named in its docstring; re-export public fun
 
 from __future__ import annotations
 
+from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
 from labkit.viz.collectives import collective_diagram, value_origins
 
-__all__: list[str] = ["collective_diagram", "value_origins"]
+__all__: list[str] = [
+    "allreduce_times",
+    "collective_diagram",
+    "message_diagram",
+    "traffic_per_rank",
+    "value_origins",
+]
