@@ -1,0 +1,226 @@
+"""The course report: ``summary.json`` and a self-contained ``report.html``.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb (``labkit course run`` writes both).
+
+The HTML file carries its CSS inline and its figures as ``data:`` URIs, so it can be mailed
+or attached to a CI run on its own. Everything taken from a notebook is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+import platform
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from labkit.course.readback import read_executed
+from labkit.course.run import NotebookResult
+
+_CSS = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }
+h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; }
+table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
+th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: left; vertical-align: top; }
+th { background: #f6f6f6; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { background: #f6f8fa; padding: 0.7rem; overflow-x: auto; font-size: 13px; }
+.status { display: inline-block; padding: 0 0.5rem; border-radius: 0.6rem; color: #fff; }
+.status.ok { background: #1a7f37; } .status.failed { background: #cf222e; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.3rem 0; }
+.muted { color: #666; } .evalue { white-space: pre-wrap; }
+"""
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe the machine the course ran on: Python, torch, CPUs, memory, GPUs, date.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb.
+
+    Returns:
+        A JSON-ready dict; ``gpus`` is a list of ``"name (N GiB)"`` (empty without CUDA).
+    """
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+    if hasattr(os, "sched_getaffinity"):
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        gpus = []
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                gpus.append(f"{props.name} ({props.total_memory / 2**30:.0f} GiB)")
+        info["gpus"] = gpus
+    except ImportError:
+        info["torch"] = None
+        info["gpus"] = []
+    from labkit import __version__
+
+    info["labkit"] = __version__
+    return info
+
+
+def write_report(
+    results: Sequence[NotebookResult],
+    output_dir: str | Path,
+    machine: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``summary.json`` and ``report.html`` for a course run.
+
+    Figures are read back from each result's executed notebook.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb.
+
+    Args:
+        results: the run's results, in order (as from ``run_course``).
+        output_dir: folder to write into (created if missing).
+        machine: machine description; None means :func:`machine_info`.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    machine = machine_info() if machine is None else machine
+    summary = {
+        "ok": all(r.ok for r in results),
+        "machine": machine,
+        "notebooks": [r.to_dict() for r in results],
+    }
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report = output_dir / "report.html"
+    report.write_text(render_html(results, machine, output_dir), encoding="utf-8")
+    return report
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _anchor(name: str) -> str:
+    return "nb-" + re.sub(r"[^A-Za-z0-9_-]", "-", name)
+
+
+def _figures(result: NotebookResult) -> list[str]:
+    if not result.output_path.exists():
+        return []
+    import nbformat
+
+    return read_executed(nbformat.read(result.output_path, as_version=4)).figures
+
+
+def _link(result: NotebookResult, output_dir: Path) -> str:
+    try:
+        return result.output_path.resolve().relative_to(output_dir.resolve()).as_posix()
+    except ValueError:
+        return result.output_path.resolve().as_uri()
+
+
+def _section(result: NotebookResult, output_dir: Path) -> list[str]:
+    parts = [
+        f'<section id="{_anchor(result.name)}">',
+        f'<h2>{_e(result.name)} <span class="status {_e(result.status)}">'
+        f"{_e(result.status)}</span></h2>",
+        f"<p>{result.seconds:.1f} s · parameters: "
+        f"{_e(json.dumps(result.parameters)) if result.parameters else 'defaults'} · "
+        f'executed notebook: <a href="{_e(_link(result, output_dir))}">'
+        f"{_e(result.output_path.name)}</a></p>",
+    ]
+    if result.records:
+        parts.append("<h3>Recorded numbers</h3><table>")
+        parts += [
+            f'<tr><th>{_e(k)}</th><td class="num">{_e(_fmt(v))}</td></tr>'
+            for k, v in result.records.items()
+        ]
+        parts.append("</table>")
+    figures = _figures(result)
+    if figures:
+        parts.append("<h3>Figures</h3>")
+        parts += [
+            f'<img src="data:image/png;base64,{_e(png)}" alt="figure {i} of {_e(result.name)}">'
+            for i, png in enumerate(figures, 1)
+        ]
+    if result.error is not None:
+        err = result.error
+        where = f"cell {err.cell_index + 1}" if err.cell_index is not None else "the notebook"
+        parts.append(
+            f"<h3>Error</h3><p>{_e(where)} raised <b>{_e(err.ename)}</b>: "
+            f'<span class="evalue">{_e(err.evalue)}</span></p>'
+        )
+        if result.failing_cell is not None:
+            parts.append(f"<h4>Failing cell</h4><pre>{_e(result.failing_cell)}</pre>")
+        if err.traceback:
+            parts.append(f"<h4>Traceback</h4><pre>{_e(err.traceback)}</pre>")
+    parts.append("</section>")
+    return parts
+
+
+def render_html(
+    results: Sequence[NotebookResult], machine: dict[str, Any], output_dir: str | Path
+) -> str:
+    """The report as one HTML document (inline CSS, figures as data URIs, all text escaped).
+
+    Args:
+        results: the run's results, in order.
+        machine: as from :func:`machine_info`.
+        output_dir: where the report will live (links to executed notebooks are relative).
+
+    Returns:
+        The HTML text.
+    """
+    output_dir = Path(output_dir)
+    failed = [r for r in results if not r.ok]
+    total_s = sum(r.seconds for r in results)
+    verdict = "all ok" if not failed else f"{len(failed)} failed"
+    parts = [
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+        "<title>labkit course report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>labkit course report</h1>",
+        f'<p class="muted">{len(results)} notebooks, {_e(verdict)}, {total_s:.1f} s in all</p>',
+        "<h2>Machine</h2><table>",
+    ]
+    for key, value in machine.items():
+        shown = (", ".join(value) or "none") if isinstance(value, list) else value
+        parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
+    parts.append("</table><h2>Notebooks</h2><table>")
+    parts.append("<tr><th>notebook</th><th>status</th><th>seconds</th><th>recorded</th>")
+    parts.append("<th>figures</th></tr>")
+    for r in results:
+        parts.append(
+            f'<tr><td><a href="#{_anchor(r.name)}">{_e(r.name)}</a></td>'
+            f'<td><span class="status {_e(r.status)}">{_e(r.status)}</span></td>'
+            f'<td class="num">{r.seconds:.1f}</td><td class="num">{len(r.records)}</td>'
+            f'<td class="num">{r.figures}</td></tr>'
+        )
+    parts.append("</table>")
+    for r in results:
+        parts += _section(r, output_dir)
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

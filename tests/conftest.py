@@ -1,0 +1,95 @@
+"""Test-suite configuration: nbval over the notebooks whose committed outputs are the lesson.
+
+A plain ``pytest`` (``testpaths = ["tests"]``) collects, next to ``tests/test_notebooks.py``,
+nbval items for every notebook in ``notebooks/`` and ``tests/notebooks/`` that has at least
+one cell marked ``# NBVAL_CHECK_OUTPUT`` (or tagged ``nbval-check-output``). Each of those
+runs as
+
+    pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/X.ipynb
+
+would run it: the notebook re-executes with its default parameters in a kernel of this
+virtualenv, and only the marked cells' outputs are compared. Notebooks without a marked cell
+are left to ``tests/test_notebooks.py``, which executes every notebook through papermill.
+The items carry the ``notebooks`` marker, so ``pytest -m "not notebooks"`` skips them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbval.kernel import CURRENT_ENV_KERNEL_NAME, RunningKernel
+from nbval.plugin import IPyNbFile, find_comment_markers, find_metadata_tags
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+NBVAL_FOLDERS = (ROOT / "notebooks", HERE / "notebooks")
+NBVAL_CELL_TIMEOUT_S = 300.0
+_NBVAL_DEFAULT_CELL_TIMEOUT_S = 2000.0  # nbval 0.11's default for --nbval-cell-timeout
+
+# The fixture notebooks are data for the tests, not tests: keep collectors (nbval's own, when
+# someone passes --nbval) off them; the hook below picks the ones nbval must check.
+collect_ignore_glob = ["notebooks/*.ipynb"]
+
+
+def checks_output(path: Path) -> bool:
+    """True when a notebook has a cell whose output nbval compares in lax mode."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        options = dict(find_metadata_tags(cell.metadata))
+        options.update(find_comment_markers(cell.source))
+        if options.get("check"):
+            return True
+    return False
+
+
+def checked_notebooks() -> list[Path]:
+    """The notebooks nbval verifies in a plain ``pytest`` run, sorted."""
+    found = []
+    for folder in NBVAL_FOLDERS:
+        if folder.is_dir():
+            found += [p for p in sorted(folder.glob("*.ipynb")) if checks_output(p)]
+    return found
+
+
+class LaxNotebook(IPyNbFile):
+    """nbval's notebook collector with ``--nbval-lax --nbval-current-env`` semantics."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.compare_outputs = False  # lax: only marked cells are compared
+
+    def setup(self):
+        # The kernel of the Python running pytest (the venv), whatever the notebook names.
+        self.kernel = RunningKernel(
+            CURRENT_ENV_KERNEL_NAME,
+            cwd=str(self.path.parent),
+            startup_timeout=self.config.option.nbval_kernel_startup_timeout,
+        )
+        self.setup_sanitize_files()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "nbval_cell_timeout", None) == _NBVAL_DEFAULT_CELL_TIMEOUT_S:
+        config.option.nbval_cell_timeout = NBVAL_CELL_TIMEOUT_S
+
+
+class CheckedNotebooks(pytest.Collector):
+    """The nbval notebooks, gathered under ``tests/test_notebooks.py`` (one node per hook call)."""
+
+    def collect(self):
+        for path in checked_notebooks():
+            yield LaxNotebook.from_parent(self, path=path)
+
+
+@pytest.hookimpl(trylast=True)  # after the test module, so papermill's tests come first
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if file_path != HERE / "test_notebooks.py":
+        return None
+    # Sharing the file's path keeps the items when only tests/test_notebooks.py is selected.
+    node = CheckedNotebooks.from_parent(parent, name="nbval", path=file_path)
+    node.add_marker(pytest.mark.notebooks)
+    return node

@@ -1,0 +1,70 @@
+"""Every course notebook runs headlessly with ``fast=True`` (through labkit's course runner).
+
+    .venv/bin/python -m pytest tests/test_notebooks.py -m notebooks
+
+``tests/conftest.py`` also collects nbval items here for the notebooks with cells marked
+``# NBVAL_CHECK_OUTPUT``; the last test checks that collection.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.course import run_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+FIXTURES = Path(__file__).resolve().parent / "notebooks"
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_fast(path: Path, tmp_path: Path) -> None:
+    result = run_notebook(path, tmp_path, {"fast": True})
+    if not result.ok:
+        err = result.error
+        where = f"cell {err.cell_index + 1}" if err and err.cell_index is not None else "?"
+        pytest.fail(
+            f"{path.name} failed in {where} after {result.seconds:.1f} s "
+            f"(executed copy: {result.output_path})\n"
+            f"--- failing cell ---\n{result.failing_cell}\n"
+            f"--- error ---\n{err.ename if err else ''}: {err.evalue if err else ''}\n"
+            f"{err.traceback if err else ''}",
+            pytrace=False,
+        )
+
+
+def _collected(*args: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return [line for line in proc.stdout.splitlines() if ".ipynb::" in line]
+
+
+@pytest.mark.slow  # two pytest subprocesses
+def test_nbval_collects_only_notebooks_with_checked_cells() -> None:
+    from tests.conftest import checks_output
+
+    ids = _collected("tests/test_notebooks.py")
+    files = {line.split("::")[0] for line in ids}
+    assert "tests/notebooks/checked_output.ipynb" in files, ids
+    assert checks_output(FIXTURES / "checked_output.ipynb")
+    for unmarked in ("ok.ipynb", "broken.ipynb", "noparams.ipynb", "slow.ipynb"):
+        assert not checks_output(FIXTURES / unmarked)
+        assert f"tests/notebooks/{unmarked}" not in files
+    for path in NOTEBOOKS:
+        assert (path.relative_to(ROOT).as_posix() in files) == checks_output(path)
+    # One item per code cell, named as nbval names them.
+    assert [i for i in ids if i.startswith("tests/notebooks/checked_output.ipynb")] == [
+        f"tests/notebooks/checked_output.ipynb::Cell {n}" for n in range(4)
+    ]
+    quick = _collected("tests/test_notebooks.py", "-m", "not notebooks")
+    assert quick == []
