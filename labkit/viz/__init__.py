@@ -6,6 +6,7 @@ Each submodule serves the notebooks named in its docstring; re-export public fun
 
 from __future__ import annotations
 
+from labkit.viz._display import enable_inline_figures
 from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
 from labkit.viz.collectives import collective_diagram, value_origins
 
@@ -16,3 +17,5 @@ __all__: list[str] = [
     "traffic_per_rank",
     "value_origins",
 ]
+
+enable_inline_figures()  # show returned Figures in Jupyter without pyplot
