@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from labkit.launcher import (
+    BackendSpec,
     LaunchTimeout,
     RankError,
     get_device,
@@ -25,6 +26,7 @@ _LAZY_MODULES = {"bench", "collectives", "course", "exercises", "preflight", "vi
 _LAZY_ATTRS = {"doctor": ("labkit.preflight", "doctor")}
 
 __all__ = [
+    "BackendSpec",
     "LaunchTimeout",
     "RankError",
     "bench",

@@ -1,7 +1,8 @@
 """Keep committed notebooks clean: no outputs, except cells whose output nbval checks.
 
 A code cell containing ``# NBVAL_CHECK_OUTPUT`` keeps its output (deterministic, and the point
-of the lesson); every other output, every execution count and papermill's metadata go.
+of the lesson) and a stable execution count (nbval needs one); every other output, every other
+execution count and papermill's metadata go.
 
     python -m labkit.nbhygiene strip notebooks/*.ipynb      # clean in place
     python -m labkit.nbhygiene check notebooks/*.ipynb      # exit 1 and list what is dirty
@@ -30,18 +31,23 @@ def is_checked(cell: dict) -> bool:
 
 def strip(nb: dict) -> dict:
     """Return ``nb`` without outputs (except checked cells), execution counts and run metadata."""
+    checked = 0
     for cell in nb.get("cells", []):
         for key in _CELL_META_DROP:
             cell.get("metadata", {}).pop(key, None)
         if cell.get("cell_type") != "code":
             continue
-        cell["execution_count"] = None
-        if is_checked(cell):
-            for out in cell.get("outputs", []):
+        if is_checked(cell) and cell.get("outputs"):
+            # nbval refuses a cell with outputs and no execution count ("Unrun reference
+            # cell"), so checked cells are numbered 1, 2, ... in order: stable across runs.
+            checked += 1
+            cell["execution_count"] = checked
+            for out in cell["outputs"]:
                 if "execution_count" in out:
-                    out["execution_count"] = None
+                    out["execution_count"] = checked
                 out.get("metadata", {}).clear()
         else:
+            cell["execution_count"] = None
             cell["outputs"] = []
     for key in _NB_META_DROP:
         nb.get("metadata", {}).pop(key, None)
@@ -54,7 +60,7 @@ def problems(nb: dict) -> list[str]:
     for i, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
             continue
-        if cell.get("execution_count") is not None:
+        if cell.get("execution_count") is not None and not is_checked(cell):
             found.append(f"cell {i}: execution_count is set")
         if cell.get("outputs") and not is_checked(cell):
             found.append(f"cell {i}: has outputs but is not marked {MARK}")

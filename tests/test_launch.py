@@ -312,3 +312,48 @@ def test_repeated_ddp_launches_survive_gloo_teardown():
     and a rank's exit after its result is never the learner's failure."""
     for _ in range(6):
         assert lk.launch(_ddp_steps, world_size=3, args=(3,)) == [True, True, True]
+
+
+def _store_sum_pg(store, rank, world_size, timeout):
+    """A minimal ProcessGroup written in Python: all_reduce(SUM) through the store."""
+    import pickle
+
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _create_work_from_future
+    from torch.futures import Future
+
+    class StoreSumPG(dist.ProcessGroup):
+        def __init__(self):
+            super().__init__(rank, world_size)
+            self.seq = 0
+
+        def allreduce(self, tensors, opts):
+            self.seq += 1
+            store.set(f"ar{self.seq}/{rank}", pickle.dumps(tensors[0]))
+            parts = [pickle.loads(store.get(f"ar{self.seq}/{r}")) for r in range(world_size)]
+            tensors[0].copy_(sum(parts))
+            fut = Future()
+            fut.set_result(tensors)
+            return _create_work_from_future(fut)
+
+        def getBackendName(self):
+            return "store_sum"
+
+    return StoreSumPG()
+
+
+def test_backend_spec_registers_a_custom_backend_in_every_rank():
+    def fn(rank, world_size):
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return dist.get_backend(), t.item()
+
+    spec = lk.BackendSpec("store_sum", creator=_store_sum_pg)
+    assert lk.launch(fn, world_size=3, backend=spec) == [("store_sum", 6.0)] * 3
+    with pytest.raises(ValueError, match="creator or a module"):
+        lk.BackendSpec("nothing")
+    with pytest.raises(ValueError, match="identifier"):
+        lk.BackendSpec("no spaces", creator=_store_sum_pg)

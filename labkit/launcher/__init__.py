@@ -15,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from labkit.launcher._backend_spec import BackendSpec
 from labkit.launcher._checks import LABKIT_BACKENDS, make_plan, pickle_call
 from labkit.launcher._context import get_device, rank_context
 from labkit.launcher._pool import _lock, current_zygote_pid, get_zygote, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 
 __all__ = [
+    "BackendSpec",
     "LABKIT_BACKENDS",
     "LaunchTimeout",
     "RankError",
@@ -36,7 +38,7 @@ __all__ = [
 def launch(
     fn: Callable[..., Any],
     world_size: int = 4,
-    backend: str = "auto",
+    backend: str | BackendSpec = "auto",
     args: tuple = (),
     kwargs: dict | None = None,
     timeout: float = 120.0,
@@ -51,8 +53,9 @@ def launch(
     Args:
         fn: the function every rank runs; defined anywhere, notebook cells included.
         world_size: number of ranks (processes).
-        backend: ``"auto"`` (NCCL with one GPU per rank, else gloo), ``"gloo"``, ``"nccl"``
-            or a labkit backend name.
+        backend: ``"auto"`` (NCCL with one GPU per rank, else gloo), ``"gloo"``, ``"nccl"``,
+            a labkit backend name (``"labkit_shm"``, ...) or an ``lk.BackendSpec`` that
+            registers a backend of your own in every rank.
         args: extra positional arguments for ``fn`` (sent to every rank by value).
         kwargs: extra keyword arguments for ``fn``.
         timeout: seconds before every rank is stopped and their stacks are reported.
@@ -75,7 +78,7 @@ def launch(
         raise ValueError(f"args must be a tuple of extra arguments, got {type(args).__name__}")
     check_fn(fn, tuple(args), kwargs)
     plan = make_plan(world_size, backend, device, timeout, verbose)
-    payload = pickle_call(fn, tuple(args), kwargs)
+    payload = pickle_call(fn, tuple(args), kwargs, plan.backend_spec)
 
     from labkit.launcher._run import LaunchRun
 

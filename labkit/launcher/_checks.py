@@ -8,9 +8,16 @@ import os
 import socket
 from dataclasses import dataclass
 
+from labkit.launcher._backend_spec import BackendSpec
+
 # Backends that labkit implements itself: name -> module whose import registers it with
 # torch.distributed. The ranks import the module before init_process_group.
-LABKIT_BACKENDS: dict[str, str] = {}
+LABKIT_BACKENDS: dict[str, str] = {
+    "labkit_shm": "labkit.backends.shm",
+    "labkit_record": "labkit.backends.recording",
+    "labkit_simnet": "labkit.backends.simnet",
+    "labkit_cpp": "labkit.backends.cpp",
+}
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
@@ -19,6 +26,7 @@ BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 class Plan:
     world_size: int
     backend: str
+    backend_spec: BackendSpec | None  # registers a non-builtin backend inside each rank
     device: str  # may contain "{rank}", filled in by each rank
     threads: int  # torch intra-op threads per rank
     timeout: float
@@ -88,12 +96,38 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_backend(backend: str, world_size: int, device: str) -> str:
+def resolve_backend(backend, world_size: int, device: str) -> tuple[str, BackendSpec | None]:
+    """The backend name to initialise, and the spec that registers it in the ranks (if any)."""
+    if isinstance(backend, BackendSpec):
+        return backend.name.lower(), backend
+    name = _resolve_builtin(backend, world_size, device)
+    if name in LABKIT_BACKENDS:
+        return name, BackendSpec(name, module=LABKIT_BACKENDS[name])
+    return name, None
+
+
+def available_labkit_backends() -> list[str]:
+    """labkit's own backends whose modules exist in this installation."""
+    import importlib.util
+
+    found = []
+    for name, module in LABKIT_BACKENDS.items():
+        try:
+            if importlib.util.find_spec(module) is not None:
+                found.append(name)
+        except ModuleNotFoundError:
+            pass
+    return found
+
+
+def _resolve_builtin(backend: str, world_size: int, device: str) -> str:
     import torch
     import torch.distributed as dist
 
     if not isinstance(backend, str):
-        raise ValueError(f"backend must be a string such as 'gloo', got {backend!r}")
+        raise ValueError(
+            f"backend must be a name such as 'gloo' or an lk.BackendSpec, got {backend!r}"
+        )
     name = backend.lower()
     if name == "tcp":
         raise ValueError(
@@ -106,13 +140,15 @@ def resolve_backend(backend: str, world_size: int, device: str) -> str:
         if not wants_cpu and gpus >= world_size and dist.is_nccl_available():
             return "nccl"
         return "gloo"
-    known = set(BUILTIN_BACKENDS) | set(LABKIT_BACKENDS)
+    ours = available_labkit_backends()
+    known = set(BUILTIN_BACKENDS) | set(ours)
     known |= {b.lower() for b in getattr(dist.Backend, "backend_list", [])}
     if name not in known:
         raise ValueError(
             f"unknown backend {backend!r}. Available here: 'auto', 'gloo'"
             + (", 'nccl'" if dist.is_nccl_available() else "")
-            + "".join(f", {b!r}" for b in sorted(LABKIT_BACKENDS))
+            + "".join(f", {b!r}" for b in sorted(ours))
+            + ", or an lk.BackendSpec for a backend of your own"
         )
     if name == "nccl":
         if not dist.is_nccl_available():
@@ -158,12 +194,13 @@ def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
             f"timeout must be a positive number of seconds, got {timeout!r}: every launch "
             "has a deadline, so a deadlock ends with a diagnosis instead of a hang"
         )
-    backend = resolve_backend(backend, world_size, device)
+    backend, spec = resolve_backend(backend, world_size, device)
     device = resolve_device(device, backend, world_size)
     threads = max(1, (os.cpu_count() or 1) // world_size)
     return Plan(
         world_size,
         backend,
+        spec,
         device,
         threads,
         float(timeout),
@@ -204,12 +241,12 @@ def _dumps(obj) -> bytes:
     return buf.getvalue()
 
 
-def pickle_call(fn, args: tuple, kwargs: dict) -> bytes:
+def pickle_call(fn, args: tuple, kwargs: dict, spec: BackendSpec | None = None) -> bytes:
     """Serialise the call by value (works for lambdas and closures defined in a notebook)."""
     import cloudpickle
 
     try:
-        return _dumps((fn, args, kwargs))
+        return _dumps((fn, args, kwargs, spec))
     except Exception as exc:  # noqa: BLE001 - find the culprit for the message
         culprit = "fn (or something it uses from the notebook)"
         for i, a in enumerate(args):

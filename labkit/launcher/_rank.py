@@ -67,7 +67,7 @@ def _run(call: dict, rank: int, world_size: int):
     import torch
     import torch.distributed as dist
 
-    fn, args, kwargs = cloudpickle.loads(call["payload"])
+    fn, args, kwargs, spec = cloudpickle.loads(call["payload"])
     local = call["local"]
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -88,12 +88,36 @@ def _run(call: dict, rank: int, world_size: int):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _context.set_rank_context(rank, world_size, device, local["backend"])
+    if spec is not None:
+        spec.prepare()
     timeout = timedelta(seconds=local["pg_timeout"])
     store = dist.TCPStore("127.0.0.1", local["port"], world_size, False, timeout=timeout)
     dist.init_process_group(
         backend=local["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout
     )
+    _state["store"] = store
     return fn(rank, world_size, *args, **kwargs)
+
+
+_state: dict = {}
+
+
+def _exit_barrier(world_size: int, timeout_s: float) -> None:
+    """Wait until every rank has finished ``fn`` before any rank tears its group down.
+
+    Without it, a rank whose function needs no communication can destroy its group (closing
+    its sockets) while a slower peer is still inside init_process_group's connection
+    handshake — which then fails with gloo's "Connection closed by peer". The store is used,
+    not the group, so this works for every backend.
+    """
+    from datetime import timedelta
+
+    store = _state.get("store")
+    if store is None:
+        return
+    if store.add("labkit/finished", 1) == world_size:
+        store.set("labkit/all_finished", "1")
+    store.wait(["labkit/all_finished"], timedelta(seconds=timeout_s))
 
 
 def _teardown() -> None:
@@ -161,6 +185,7 @@ def main(
     sys.stdout.flush()
     sys.stderr.flush()
     try:
+        _exit_barrier(world_size, call["local"]["pg_timeout"])
         _teardown()
     except Exception:  # noqa: BLE001 - teardown after a delivered result is not the user's failure
         pass
