@@ -82,6 +82,23 @@ def _send(sock: socket.socket, msg: dict) -> None:
         pass  # launcher gone: the EOF on the next read ends the loop
 
 
+# Imported while the zygote is idle, after it reported ready, so a rank that needs them does not
+# pay ~1.2 s each, every launch: DDP's first use imports torch._dynamo, and cloudpickle makes a
+# rank import torch.distributed.tensor whenever the function's code names ``tensor``.
+WARM_IMPORTS = ("torch.distributed.tensor", "torch._dynamo", "torch.nn.parallel")
+
+
+def _warm_import(name: str) -> None:
+    import gc
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - a warm-up is an optimisation, never a failure
+        return
+    gc.freeze()  # keep the new objects out of the ranks' collections too
+
+
 def serve(sock: socket.socket) -> None:
     """Fork ranks on request, reap them, report their exits; return when the launcher leaves."""
     from labkit.launcher._wire import recv_msg
@@ -116,10 +133,15 @@ def serve(sock: socket.socket) -> None:
                         pass
 
     _send(sock, {"op": "ready", "pid": os.getpid()})
+    warm = list(WARM_IMPORTS)
     while True:
         try:
-            ready, _, _ = select.select([sock, wake_r], [], [])
+            # While modules remain to warm up, only peek; import one when nothing is asked.
+            ready, _, _ = select.select([sock, wake_r], [], [], 0 if warm else None)
         except InterruptedError:
+            continue
+        if not ready and warm:
+            _warm_import(warm.pop(0))
             continue
         if wake_r in ready:
             try:
