@@ -103,13 +103,14 @@ def message_diagram(messages: Sequence[Any], title: str = "", *, show_sizes: boo
             arrowprops={"arrowstyle": "-|>", "color": _color(r), "lw": 1.4, "shrinkB": 2},
             zorder=3,
         )
-        if show_sizes:
+        if show_sizes:  # on the sender's line, on the side away from the arrow
+            up = m.peer < r
             ax.text(
-                x + 0.32,  # near the tail, where arrows of one step do not cross yet
-                -r - 0.3 * (m.peer - r) + 0.08,
+                x + 0.17,
+                -r + (-0.07 if up else 0.07),
                 str(m.numel),
-                ha="center",
-                va="bottom",
+                ha="left",
+                va="top" if up else "bottom",
                 fontsize=7,
                 color=_color(r),
                 zorder=4,
