@@ -115,8 +115,13 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the zygote and every rank it still has."""
+    def close(self, timeout: float = 0.5) -> None:
+        """Stop the zygote and every rank it still has.
+
+        The zygote may be busy warming up an import for a second; rather than hold up a
+        kernel that is shutting down, it is killed after ``timeout`` (its ranks follow it
+        through their parent-death signal).
+        """
         try:
             send_msg(self.sock, {"op": "shutdown"})
         except OSError:
