@@ -68,7 +68,11 @@ class CommStats:
         return sum(m.nbytes for m in self._of("recv"))
 
     def summary(self) -> dict[str, int]:
-        """The four totals as a plain dict (handy to return from a rank or to print)."""
+        """The four totals as a plain dict (handy to return from a rank or to print).
+
+        Returns:
+            ``{"messages_sent", "messages_received", "bytes_sent", "bytes_received"}``.
+        """
         return {
             "messages_sent": self.messages_sent,
             "messages_received": self.messages_received,

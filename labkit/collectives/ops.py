@@ -79,7 +79,21 @@ def combine_(dst: torch.Tensor, other: torch.Tensor, op: str, other_first: bool 
 
 
 def finish_(tensor: torch.Tensor, op: str, world_size: int) -> None:
-    """Turn a SUM into the AVG (``tensor /= world_size``) when ``op`` is ``"avg"``."""
+    """Turn a SUM into the AVG (``tensor /= world_size``) when ``op`` is ``"avg"``.
+
+    Introduced in notebooks/03_allreduce_algorithms.ipynb.
+
+    Args:
+        tensor: the summed values, divided in place when ``op == "avg"``.
+        op: one of ``OPS``.
+        world_size: the number of ranks whose tensors were summed.
+
+    Returns:
+        None.
+
+    Raises:
+        RuntimeError: from torch, when an integer tensor would need a fractional result.
+    """
     if op == "avg":
         tensor.div_(world_size)
 
@@ -89,6 +103,16 @@ def flat_view(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     """A 1-D contiguous buffer for ``tensor``; written back on exit if it had to be a copy.
 
     Introduced in notebooks/03_allreduce_algorithms.ipynb.
+
+    Args:
+        tensor: any tensor; send/recv need contiguous memory, so a non-contiguous one is
+            copied in and out.
+
+    Returns:
+        A context manager yielding the 1-D buffer (a view of ``tensor`` when contiguous).
+
+    Raises:
+        Nothing of its own; exceptions from the block propagate (no write-back then).
     """
     if tensor.is_contiguous():
         yield tensor.view(-1)
