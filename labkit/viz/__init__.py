@@ -9,11 +9,13 @@ from __future__ import annotations
 from labkit.viz._display import enable_inline_figures
 from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
 from labkit.viz.collectives import collective_diagram, value_origins
+from labkit.viz.p2p import p2p_latency_bandwidth
 
 __all__: list[str] = [
     "allreduce_times",
     "collective_diagram",
     "message_diagram",
+    "p2p_latency_bandwidth",
     "traffic_per_rank",
     "value_origins",
 ]

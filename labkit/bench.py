@@ -1,0 +1,323 @@
+"""Communication benchmarks: point-to-point ping-pong, and the α-β fit of its times.
+
+Introduced in notebooks/01_point_to_point.ipynb.
+
+Every benchmark returns a list of ``BenchResult`` rows, one per message size, so results of
+different operations print, plot and fit the same way. The columns follow nccl-tests
+(``doc/PERFORMANCE.md``): ``time_s`` is the time of one operation, ``algbw_gbps`` is
+``n_bytes / time_s`` and ``busbw_gbps`` is ``algbw`` times the operation's bus factor (1 for a
+point-to-point transfer; ``2(n-1)/n`` for all-reduce, which notebook 05 adds). GB are 10⁹ bytes.
+
+Run from a cell or a script; every rank calls the benchmark, the measuring rank returns rows:
+
+    rows = lk.launch(lambda r, w: lk.bench.p2p_pingpong([8, 1 << 20], iters=20), world_size=2)[0]
+    print(lk.bench.format_table(rows)); fit = lk.bench.alpha_beta_fit(rows)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "AlphaBeta",
+    "BenchResult",
+    "alpha_beta_fit",
+    "format_table",
+    "message_sizes",
+    "p2p_pingpong",
+]
+
+GB = 1e9  # bytes per GB, as nccl-tests counts
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One row of a benchmark: an operation on ``n_bytes``, timed ``iters`` times.
+
+    ``time_s`` is the median time of one operation over the iterations (for a ping-pong, the
+    one-way time: half a round trip); ``times_s`` holds every sample, and ``time_min_s`` is
+    their minimum — the best case, which other processes' noise on a shared machine cannot
+    inflate.
+    """
+
+    op: str  # "p2p" (ping-pong); collectives later: "all_reduce", ...
+    n_bytes: int
+    time_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+    world_size: int
+    backend: str
+    device: str
+    iters: int
+    times_s: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def time_min_s(self) -> float:
+        """Fastest sample, in seconds (``time_s`` when no samples were kept)."""
+        return min(self.times_s) if self.times_s else self.time_s
+
+    @property
+    def latency_us(self) -> float:
+        """Median time of one operation in microseconds."""
+        return self.time_s * 1e6
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """Bytes moved per second of one operation, in GB/s (nccl-tests' algbw)."""
+        return self.algbw_gbps
+
+    def as_dict(self) -> dict:
+        """The row as plain data (samples left out), e.g. for a table or JSON."""
+        row = asdict(self)
+        row.pop("times_s")
+        return row
+
+
+def message_sizes(smallest: int = 1, largest: int = 1 << 24, factor: int = 4) -> list[int]:
+    """Message sizes in bytes from ``smallest`` to ``largest``, each ``factor`` times the last.
+
+    Introduced in notebooks/01_point_to_point.ipynb.
+
+    Args:
+        smallest: first size in bytes (at least 1).
+        largest: last size in bytes (included when the sequence reaches it).
+        factor: ratio of neighbouring sizes (at least 2).
+
+    Returns:
+        The increasing list of sizes.
+
+    Raises:
+        ValueError: ``smallest < 1``, ``largest < smallest`` or ``factor < 2``.
+    """
+    if smallest < 1 or largest < smallest or factor < 2:
+        raise ValueError(
+            f"need 1 <= smallest <= largest and factor >= 2, got smallest={smallest}, "
+            f"largest={largest}, factor={factor}"
+        )
+    sizes = [smallest]
+    while sizes[-1] * factor <= largest:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def _check_sizes(sizes_bytes: Iterable[int]) -> list[int]:
+    given = list(sizes_bytes)
+    if not given or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in given):
+        raise ValueError(f"sizes_bytes must be positive ints, got {given!r}")
+    return sorted(set(given))
+
+
+def _default_device() -> torch.device:
+    from labkit.launcher import get_device
+
+    try:
+        return get_device()
+    except RuntimeError:  # not inside lk.launch (e.g. under torchrun): the backend decides
+        return torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # NCCL send/recv return before the copy is done
+
+
+def p2p_pingpong(
+    sizes_bytes: Iterable[int],
+    iters: int = 20,
+    warmup: int = 3,
+    group: dist.ProcessGroup | None = None,
+    src: int = 0,
+    dst: int = 1,
+    device: torch.device | str | None = None,
+) -> list[BenchResult]:
+    """Time a ping-pong between ranks ``src`` and ``dst``: one-way latency and bandwidth.
+
+    For each size, ``src`` sends ``n`` bytes to ``dst``, which sends them straight back; the
+    round trip is timed with ``time.perf_counter`` on ``src`` and halved (the classic MPI
+    ping-pong, e.g. the Intel MPI Benchmarks' PingPong and OSU's ``osu_latency``). Timing the
+    round trip on one rank needs no synchronised clocks. The echoed bytes are compared with
+    the sent ones once per size.
+
+    Call it on every rank of the group (e.g. inside ``lk.launch``); ranks other than ``src``
+    and ``dst`` return at once.
+
+    Introduced in notebooks/01_point_to_point.ipynb.
+
+    Args:
+        sizes_bytes: message sizes in bytes (sorted and deduplicated; see ``message_sizes``).
+        iters: timed round trips per size (median in ``time_s``, fastest in ``time_min_s``).
+        warmup: untimed round trips per size first (connection set-up, allocation).
+        group: the process group (default: the default group).
+        src: global rank that sends first and measures.
+        dst: global rank that echoes.
+        device: where the buffers live (default: the launcher's device for this rank).
+
+    Returns:
+        On ``src``: one ``BenchResult`` (op ``"p2p"``) per size, in increasing size; its
+        ``time_s`` is the median one-way time, ``times_s`` every sample, and
+        ``algbw_gbps == busbw_gbps`` is ``n_bytes / time_s / 1e9``. On every other rank: an
+        empty list.
+
+    Raises:
+        ValueError: bad sizes or counts, or ``src == dst``.
+        RuntimeError: the echoed bytes differ from the sent ones.
+    """
+    sizes = _check_sizes(sizes_bytes)
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    if src == dst:
+        raise ValueError(f"src and dst must be different ranks, got {src} and {dst}")
+    rank = dist.get_rank()
+    if rank not in (src, dst) or dist.get_rank(group) < 0:  # -1: not a member of ``group``
+        return []
+    device = torch.device(device) if device is not None else _default_device()
+    peer = dst if rank == src else src
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in sizes:
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+        if rank == src:  # random bytes, so a wrong echo cannot pass by accident
+            msg = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).to(device)
+        samples = []
+        for i in range(warmup + iters):
+            _sync(device)
+            start = time.perf_counter()
+            if rank == src:
+                dist.send(msg, peer, group=group)
+                dist.recv(buf, peer, group=group)
+            else:
+                dist.recv(buf, peer, group=group)
+                dist.send(buf, peer, group=group)
+            _sync(device)
+            if i >= warmup:
+                samples.append((time.perf_counter() - start) / 2)  # one way = half a trip
+        if rank == dst:
+            continue
+        if not torch.equal(buf, msg):
+            raise RuntimeError(f"ping-pong of {n} bytes came back changed")
+        t = statistics.median(samples)
+        rows.append(
+            BenchResult(
+                op="p2p",
+                n_bytes=n,
+                time_s=t,
+                algbw_gbps=n / t / GB,
+                busbw_gbps=n / t / GB,
+                world_size=dist.get_world_size(group),
+                backend=str(dist.get_backend(group)),
+                device=str(device),
+                iters=iters,
+                times_s=tuple(samples),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Hockney's model of one message: ``t(n) = alpha + n * beta``.
+
+    ``alpha`` (s) is the start-up latency, ``beta`` (s/byte) the time per byte, so
+    ``1 / beta`` is the asymptotic bandwidth and ``alpha / beta`` the message size at which
+    half of it is reached (Hockney's n½).
+    """
+
+    alpha: float  # s
+    beta: float  # s/byte
+
+    def time_s(self, n_bytes: float) -> float:
+        """Predicted one-way time of an ``n_bytes`` message, in seconds."""
+        return self.alpha + n_bytes * self.beta
+
+    @property
+    def latency_us(self) -> float:
+        """α in microseconds."""
+        return self.alpha * 1e6
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """1/β in GB/s (infinite when β is 0)."""
+        return 1 / self.beta / GB if self.beta > 0 else float("inf")
+
+    @property
+    def n_half_bytes(self) -> float:
+        """Hockney's n½ = α/β: the size that reaches half the asymptotic bandwidth."""
+        return self.alpha / self.beta if self.beta > 0 else float("inf")
+
+
+def alpha_beta_fit(
+    results: Sequence[BenchResult], relative: bool = True, stat: str = "median"
+) -> AlphaBeta:
+    """Fit Hockney's ``t = alpha + n * beta`` to measured one-way times by least squares.
+
+    Hockney, "The communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel
+    Computing 20(3), 1994 (the α-β or latency-bandwidth model; notebook 05 builds the
+    collectives' costs on it, after Thakur, Rabenseifner and Gropp 2005).
+
+    With ``relative=True`` (default) each point's residual is divided by its measured time,
+    so a 1-byte message (which sets α) weighs as much as a 16 MB one (which sets β); plain
+    least squares (``relative=False``) lets the largest messages decide α as well.
+
+    ``stat`` picks which time of each row is fitted: ``"median"`` (``time_s``, a typical
+    message) or ``"min"`` (``time_min_s``, the best case). On a machine shared with other
+    busy processes the medians carry their scheduling delays (multiples of a time slice,
+    ~1-4 ms), which swamp a ~100 µs α; the minimum over many iterations does not.
+
+    Introduced in notebooks/01_point_to_point.ipynb.
+
+    Args:
+        results: rows with ``n_bytes`` and ``time_s`` (at least two distinct sizes).
+        relative: minimise relative rather than absolute residuals.
+        stat: ``"median"`` or ``"min"``: which time of each row to fit.
+
+    Returns:
+        The fitted ``AlphaBeta``; exact when the times lie on a line.
+
+    Raises:
+        ValueError: fewer than two distinct sizes, a non-positive time, or an unknown ``stat``.
+    """
+    if stat not in ("median", "min"):
+        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
+    ns = [float(r.n_bytes) for r in results]
+    ts = [float(r.time_s if stat == "median" else r.time_min_s) for r in results]
+    if len(set(ns)) < 2:
+        raise ValueError("alpha_beta_fit needs results for at least two different sizes")
+    if any(t <= 0 for t in ts):
+        raise ValueError("alpha_beta_fit needs positive times")
+    # Weighted least squares for t = a + b n (normal equations in closed form).
+    ws = [1 / t**2 if relative else 1.0 for t in ts]
+    sw = sum(ws)
+    mx = sum(w * n for w, n in zip(ws, ns, strict=True)) / sw
+    my = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
+    sxx = sum(w * (n - mx) ** 2 for w, n in zip(ws, ns, strict=True))
+    sxy = sum(w * (n - mx) * (t - my) for w, n, t in zip(ws, ns, ts, strict=True))
+    beta = sxy / sxx
+    return AlphaBeta(alpha=my - beta * mx, beta=beta)
+
+
+def format_table(results: Sequence[BenchResult]) -> str:
+    """The rows as a fixed-width text table (size, times, bandwidths), nccl-tests style.
+
+    Introduced in notebooks/01_point_to_point.ipynb.
+
+    Args:
+        results: benchmark rows.
+
+    Returns:
+        The table, one line per row under a header line; ``time`` is the median, ``min`` the
+        fastest sample, both in microseconds; bandwidths use the median.
+    """
+    head = ("op", "size (B)", "time (us)", "min (us)", "algbw (GB/s)", "busbw (GB/s)")
+    lines = ["{:>10} {:>12} {:>12} {:>12} {:>13} {:>13}".format(*head)]
+    for r in results:
+        lines.append(
+            f"{r.op:>10} {r.n_bytes:>12d} {r.latency_us:>12.1f} {r.time_min_s * 1e6:>12.1f} "
+            f"{r.algbw_gbps:>13.4f} {r.busbw_gbps:>13.4f}"
+        )
+    return "\n".join(lines)
