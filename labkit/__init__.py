@@ -22,15 +22,20 @@ from labkit.record import record, recorded
 __version__ = "0.1.0"
 
 # Submodules loaded on first use: lk.viz, lk.collectives, ...
-_LAZY_MODULES = {"bench", "collectives", "course", "exercises", "preflight", "viz"}
-_LAZY_ATTRS = {"doctor": ("labkit.preflight", "doctor")}
+_LAZY_MODULES = {"bench", "collectives", "costmodel", "course", "exercises", "preflight", "viz"}
+_LAZY_ATTRS = {
+    "doctor": ("labkit.preflight", "doctor"),
+    "Network": ("labkit.costmodel", "Network"),
+}
 
 __all__ = [
     "BackendSpec",
     "LaunchTimeout",
+    "Network",
     "RankError",
     "bench",
     "collectives",
+    "costmodel",
     "doctor",
     "exercises",
     "get_device",

@@ -1,0 +1,56 @@
+"""The α-β-γ cost model of collective communication: pure arithmetic, instant, no processes.
+
+Introduced in notebooks/05_communication_cost.ipynb.
+
+A message of n bytes costs α + n·β (Hockney 1994); a collective is a schedule of messages,
+so its cost is ``steps·α + bytes·n·β + reduce·n·γ`` with coefficients per algorithm from
+Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations in
+MPICH", IJHPCA 19(1), 2005. nccl-tests' algbw/busbw turn measured times into bandwidths.
+
+    net = lk.Network.preset("10GbE")                     # or lk.costmodel.fit(sizes, times)
+    lk.costmodel.predict("all_reduce", 64 << 20, 1024, net, algorithm="ring")   # seconds
+    lk.costmodel.crossover_bytes("all_reduce", 8, net, "recursive_doubling", "ring")
+    lk.costmodel.busbw_factor("all_reduce", 8)           # 2(p−1)/p = 1.75
+
+Modules: ``network`` (``Network``, presets, ``fit``), ``formulas`` (``cost_terms`` per
+collective and algorithm), ``bandwidth`` (busbw factors), ``predict`` (predictions, crossover,
+what-if). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from labkit.costmodel.bandwidth import algbw, busbw, busbw_factor
+from labkit.costmodel.formulas import (
+    ALGORITHMS,
+    COLLECTIVES,
+    DEFAULT_ALGORITHM,
+    CostTerms,
+    cost_terms,
+)
+from labkit.costmodel.network import PRESETS, Network, fit
+from labkit.costmodel.predict import (
+    best_algorithm,
+    crossover_bytes,
+    predict,
+    predict_all,
+    what_if,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "COLLECTIVES",
+    "DEFAULT_ALGORITHM",
+    "PRESETS",
+    "CostTerms",
+    "Network",
+    "algbw",
+    "best_algorithm",
+    "busbw",
+    "busbw_factor",
+    "cost_terms",
+    "crossover_bytes",
+    "fit",
+    "predict",
+    "predict_all",
+    "what_if",
+]
