@@ -1,6 +1,7 @@
-"""Communication benchmarks: point-to-point ping-pong, and the α-β fit of its times.
+"""Communication benchmarks: point-to-point ping-pong, the α-β fit of its times, collectives.
 
-Introduced in notebooks/01_point_to_point.ipynb.
+Introduced in notebooks/01_point_to_point.ipynb (ping-pong, fit) and
+notebooks/05_communication_cost.ipynb (``collective``, in ``labkit/bench_collectives.py``).
 
 Every benchmark returns a list of ``BenchResult`` rows, one per message size, so results of
 different operations print, plot and fit the same way. The columns follow nccl-tests
@@ -12,6 +13,7 @@ Run from a cell or a script; every rank calls the benchmark, the measuring rank 
 
     rows = lk.launch(lambda r, w: lk.bench.p2p_pingpong([8, 1 << 20], iters=20), world_size=2)[0]
     print(lk.bench.format_table(rows)); fit = lk.bench.alpha_beta_fit(rows)
+    rows = lk.launch(lambda r, w: lk.bench.collective("all_reduce", [8, 1 << 20]), 4)[0]
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
+from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
+
 __all__ = [
+    "COLLECTIVES",
     "AlphaBeta",
     "BenchResult",
     "alpha_beta_fit",
+    "collective",
+    "collective_sizes",
     "format_table",
     "message_sizes",
     "p2p_pingpong",
@@ -46,7 +53,7 @@ class BenchResult:
     inflate.
     """
 
-    op: str  # "p2p" (ping-pong); collectives later: "all_reduce", ...
+    op: str  # "p2p" (ping-pong), or a collective: "all_reduce", "all_gather", ...
     n_bytes: int
     time_s: float
     algbw_gbps: float

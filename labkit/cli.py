@@ -6,6 +6,7 @@ Introduced in notebooks/00_setup_and_launcher.ipynb.
     labkit course run --only 00,03 --world-size 2 --backend gloo --output /tmp/course
     labkit course list                                # notebooks and their parameters
     labkit doctor                                     # environment preflight
+    labkit bench --collective all_reduce --world-size 4 --sizes 8 1K 1M 16M
     labkit version
 
 Heavy imports (papermill, torch) happen inside the subcommands, so ``labkit --help`` is instant.
@@ -26,6 +27,7 @@ examples:
   labkit course run --world-size 2 --backend gloo --output /tmp/course
   labkit course list                       show the notebooks and their parameters
   labkit doctor                            check Python, torch, backends and ports
+  labkit bench --world-size 4 --sizes 1K 1M time all_reduce: time, algbw, busbw per size
 
 exit status: 0 when everything passed, 1 when a notebook (or check) failed, 2 on usage errors.
 """
@@ -122,10 +124,75 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(func=lambda args: _doctor([]))  # main() hands it its own arguments
 
+    _add_bench_parser(sub)
     version = sub.add_parser("version", help="print the labkit version")
     version.set_defaults(func=_version)
     parser.set_defaults(func=lambda args: _usage(parser))
     return parser
+
+
+def _size(text: str) -> int:
+    """``"8"``, ``"1K"``, ``"16M"``, ``"1G"`` (binary multiples) → bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B")
+    scale = units.get(text[-1:], 1)
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8, 1K, 16M)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be at least 1 byte, got {text!r}")
+    return value
+
+
+def _add_bench_parser(sub) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="time a collective (or p2p) on N ranks: time, algbw, busbw, like nccl-tests",
+        description=(
+            "Launch N ranks and time one collective per message size, printing the time, "
+            "algbw and busbw (nccl-tests' definitions). Sizes follow nccl-tests: the whole "
+            "buffer (all_gather: the gathered output)."
+        ),
+    )
+    bench.add_argument("--backend", default="auto", metavar="B", help='e.g. "gloo", "labkit_shm"')
+    bench.add_argument("--world-size", type=_positive_int, default=2, metavar="N")
+    bench.add_argument(
+        "--collective",
+        default="all_reduce",
+        metavar="NAME",
+        help="all_reduce (default), all_gather, reduce_scatter, broadcast, all_to_all, p2p",
+    )
+    bench.add_argument(
+        "--sizes", type=_size, nargs="+", metavar="SIZE", help="bytes, e.g. 8 1K 1M 16M"
+    )
+    bench.add_argument("--fast", action="store_true", help="a few small sizes only")
+    bench.add_argument("--iters", type=_positive_int, default=20, help="timed calls per size")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed calls per size")
+    bench.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from labkit.bench import collective_sizes, format_table
+    from labkit.bench_collectives import launch_collective
+
+    sizes = args.sizes or collective_sizes(fast=args.fast)
+    try:
+        rows = launch_collective(
+            args.collective,
+            sizes,
+            world_size=args.world_size,
+            backend=args.backend,
+            iters=args.iters,
+            warmup=args.warmup,
+        )
+    except ValueError as exc:
+        print(f"labkit: error: {exc}", file=sys.stderr)
+        return 2
+    r0 = rows[0]
+    print(f"# {args.collective} on {r0.world_size} ranks, backend {r0.backend}, {r0.device}")
+    print(format_table(rows))
+    return 0
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
