@@ -165,7 +165,8 @@ def test_ring_exchange_deadlocks_fail(short_timeout, wrong, ranks) -> None:
         lk.exercises.check("01_ring_exchange", wrong)
     text = str(info.value)
     assert "dist.isend" in text  # the advice
-    assert f"in {wrong.__name__}" in text and "dist.send(x, " in text  # where ranks were stuck
+    # The launcher's report follows; which stack lines it holds is tested with the launcher.
+    assert f"--- rank {ranks - 1} (stuck) ---" in text
 
 
 def _swapped(rank, world_size, x):

@@ -12,7 +12,7 @@ _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Broken 
 
 
 def first_cause(exc: RankError) -> str:
-    """ "rank r raised X: ..." for the rank that failed first in its own right.
+    """Name the rank that failed in its own right and its error, in one line.
 
     A rank whose peer crashed fails too, with a gloo "Connection closed by peer" error; the
     learner needs the peer's error, so ranks with such collateral errors come last.
