@@ -9,15 +9,25 @@ from __future__ import annotations
 from labkit.viz._display import enable_inline_figures
 from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
 from labkit.viz.collectives import collective_diagram, value_origins
+from labkit.viz.cost import (
+    algbw_busbw,
+    algorithm_crossover,
+    predicted_vs_measured,
+    what_if_scaling,
+)
 from labkit.viz.p2p import p2p_latency_bandwidth
 
 __all__: list[str] = [
+    "algbw_busbw",
+    "algorithm_crossover",
     "allreduce_times",
     "collective_diagram",
     "message_diagram",
     "p2p_latency_bandwidth",
+    "predicted_vs_measured",
     "traffic_per_rank",
     "value_origins",
+    "what_if_scaling",
 ]
 
 enable_inline_figures()  # show returned Figures in Jupyter without pyplot
