@@ -211,3 +211,20 @@ def test_killing_the_kernel_takes_zygote_and_ranks_with_it():
     proc.kill()  # like a kernel that dies: no Python cleanup runs at all
     proc.wait()
     assert wait_until(lambda: owned_processes(proc.pid) == [], 10), "orphans survived"
+
+
+def test_headline_names_the_rank_that_failed_first_not_the_lowest():
+    def staggered(rank, world_size):
+        import time
+
+        if rank == 2:
+            raise ValueError("the root cause")
+        time.sleep(0.2)  # peers fail later, as they do when a dead rank breaks their collective
+        raise RuntimeError("Connection closed by peer (a consequence)")
+
+    with pytest.raises(lk.RankError) as info:
+        lk.launch(staggered, world_size=3)
+    err = info.value
+    assert err.ranks == [0, 1, 2]
+    assert err.first.rank == 2
+    assert str(err).startswith("ranks 0, 1, 2 failed; the first to fail was rank 2, which raised")

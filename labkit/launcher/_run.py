@@ -52,6 +52,7 @@ class _RankIO:
         self.error: dict | None = None
         self.exit_code: int | None = None
         self.exited = False
+        self.failed_at = float("inf")
 
     def close_child_ends(self) -> None:
         for fd in self.child_fds:
@@ -189,12 +190,43 @@ class LaunchRun:
             r.has_result = True
         elif msg["op"] == "error":
             r.error = msg
+            r.failed_at = time.monotonic()
 
     def _note_exits(self) -> None:
         for r, pid in zip(self.ranks, self.pids, strict=False):
             if not r.exited and pid in self.zygote.exits:
                 r.exit_code = self.zygote.exits.pop(pid)
                 r.exited = True
+                if not r.has_result and not r.error:
+                    r.failed_at = time.monotonic()
+
+    def _signal(self, pids: list[int], sig: int) -> None:
+        """Signal ranks now, without waiting for the zygote.
+
+        The zygote may be busy for a moment (warming up an import), and a stack dump must not
+        wait for it: on Linux ranks are signalled directly, after checking that each pid is
+        still a child of our zygote (so a recycled pid is never hit). SIGKILL goes to the
+        rank's process group (whatever it started dies too) and also through the zygote;
+        SIGUSR1 (dump your stack) goes to the rank alone, exactly once.
+        """
+        direct = os.path.exists("/proc/self/stat")
+        for pid in pids if direct else ():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid != self.zygote.pid:
+                continue
+            try:
+                if sig == signal.SIGKILL:
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGKILL or not direct:
+            self.zygote.signal(pids, sig)
 
     def _live_pids(self) -> list[int]:
         return [pid for r, pid in zip(self.ranks, self.pids, strict=False) if not r.exited]
@@ -211,7 +243,7 @@ class LaunchRun:
         while self._live_pids() and time.monotonic() < end:
             self._poll(0.05)
         if self._live_pids():
-            self.zygote.signal(self._live_pids(), signal.SIGKILL)
+            self._signal(self._live_pids(), signal.SIGKILL)
             end = time.monotonic() + 10.0
             while self._live_pids() and time.monotonic() < end:
                 self._poll(0.05)
@@ -231,6 +263,7 @@ class LaunchRun:
                     details=format_remote_traceback(r.error),
                     exit_code=r.exit_code,
                     exc_type=r.error["type"],
+                    at=r.failed_at,
                 )
             elif r.exited and not r.has_result and r.rank not in stopped:
                 tail = self.relay.stderr_tail(r.rank)
@@ -240,6 +273,7 @@ class LaunchRun:
                     describe_exit(r.exit_code),
                     details=f"last lines of its stderr:\n{tail}" if tail else "",
                     exit_code=r.exit_code,
+                    at=r.failed_at,
                 )
         return RankError(
             failures,
@@ -250,7 +284,7 @@ class LaunchRun:
 
     def _timeout(self) -> LaunchTimeout:
         stuck = [r for r in self.ranks if not r.exited and not r.has_result]
-        self.zygote.signal([self.pids[r.rank] for r in stuck], signal.SIGUSR1)
+        self._signal([self.pids[r.rank] for r in stuck], signal.SIGUSR1)
         end = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < end and not all(r.stack for r in stuck):
             self._poll(0.05)
@@ -282,7 +316,7 @@ class LaunchRun:
         # Runs on every path, KeyboardInterrupt included: nothing outlives the call.
         try:
             if self.pids and self._live_pids():
-                self.zygote.signal(self._live_pids(), signal.SIGKILL)
+                self._signal(self._live_pids(), signal.SIGKILL)
                 end = time.monotonic() + 10.0
                 while self._live_pids() and time.monotonic() < end:
                     try:

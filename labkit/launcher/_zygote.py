@@ -125,7 +125,11 @@ def serve(sock: socket.socket) -> None:
         for pid in pids:
             if pid in live:  # never signal a pid we have already reaped (it may be reused)
                 try:
-                    os.killpg(pid, sig)
+                    # A stack-dump request is for the rank alone; a kill is for its whole group.
+                    if sig == signal.SIGKILL:
+                        os.killpg(pid, sig)
+                    else:
+                        os.kill(pid, sig)
                 except OSError:
                     try:
                         os.kill(pid, sig)

@@ -23,6 +23,8 @@ class RankFailure:
     exit_code: int | None = None
     exc_type: str | None = None
     stack: str = ""
+    at: float = 0.0  # when the launcher learnt of it (monotonic seconds): the root cause is
+    # usually the earliest; peers then fail with "Connection closed by peer" and the like
 
 
 def describe_exit(code: int | None) -> str:
@@ -117,11 +119,13 @@ class RankError(RuntimeError):
         self.world_size = world_size
         self.stopped = stopped
         self.ranks = list(self.failures)
-        first = next(iter(self.failures.values()))
+        first = min(self.failures.values(), key=lambda f: (f.at, f.rank))
+        self.first = first
         self.headline = headline or (
             f"rank {first.rank} {first.summary}"
             if len(self.failures) == 1
-            else f"ranks {_join(self.ranks)} failed; first: rank {first.rank} {first.summary}"
+            else f"ranks {_join(self.ranks)} failed; the first to fail was rank {first.rank}, "
+            f"which {first.summary} (the others often fail because of it)"
         )
         self.advice = advice
         super().__init__(self._render())
