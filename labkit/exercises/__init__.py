@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Modules that register exercises; imported on first use.
-_MODULES = ("nb00", "nb01", "nb02", "nb03")
+_MODULES = ("nb00", "nb01", "nb02", "nb03", "nb05")
 
 
 class ExerciseFailed(AssertionError):
@@ -82,9 +82,7 @@ def _not_attempted(exc: BaseException) -> bool:
     if isinstance(exc, NotImplementedError):
         return True
     failures = getattr(exc, "failures", None)  # a RankError from lk.launch
-    return bool(failures) and all(
-        f.exc_type == "NotImplementedError" for f in failures.values()
-    )
+    return bool(failures) and all(f.exc_type == "NotImplementedError" for f in failures.values())
 
 
 def check(name: str, fn: Callable) -> CheckResult:
@@ -111,8 +109,10 @@ def check(name: str, fn: Callable) -> CheckResult:
         if not _not_attempted(exc):
             raise
         detail = ex.checker(ex.reference)
-        print(f"… {name}: not attempted yet — the reference solution passes this check. "
-              "Replace the NotImplementedError with your code and run the cell again.")
+        print(
+            f"… {name}: not attempted yet — the reference solution passes this check. "
+            "Replace the NotImplementedError with your code and run the cell again."
+        )
         return CheckResult(name, "reference", detail)
     print(f"✓ {name}: correct")
     return CheckResult(name, "passed", detail)
