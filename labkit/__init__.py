@@ -22,7 +22,17 @@ from labkit.record import record, recorded
 __version__ = "0.1.0"
 
 # Submodules loaded on first use: lk.viz, lk.collectives, ...
-_LAZY_MODULES = {"bench", "collectives", "costmodel", "course", "exercises", "preflight", "viz"}
+_LAZY_MODULES = {
+    "backends",
+    "bench",
+    "collectives",
+    "costmodel",
+    "course",
+    "exercises",
+    "preflight",
+    "trace",
+    "viz",
+}
 _LAZY_ATTRS = {
     "doctor": ("labkit.preflight", "doctor"),
     "Network": ("labkit.costmodel", "Network"),
@@ -33,6 +43,7 @@ __all__ = [
     "LaunchTimeout",
     "Network",
     "RankError",
+    "backends",
     "bench",
     "collectives",
     "costmodel",
@@ -44,6 +55,7 @@ __all__ = [
     "record",
     "recorded",
     "shutdown",
+    "trace",
     "viz",
 ]
 

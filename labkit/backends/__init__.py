@@ -8,3 +8,16 @@ any backend and records every operation), ``simnet`` (wraps a backend and delays
 as a described network would), ``cpp`` (a minimal backend in C++ built at run time).
 This package imports nothing heavy itself.
 """
+
+from __future__ import annotations
+
+import importlib
+
+# Loaded on first use, so that lk.backends.recording.spec(...) works after `import labkit`.
+_SUBMODULES = {"cpp", "recording", "shm", "simnet"}
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"labkit.backends.{name}")
+    raise AttributeError(f"module 'labkit.backends' has no attribute {name!r}")

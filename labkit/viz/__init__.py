@@ -16,6 +16,7 @@ from labkit.viz.cost import (
     what_if_scaling,
 )
 from labkit.viz.p2p import p2p_latency_bandwidth
+from labkit.viz.timeline import timeline
 
 __all__: list[str] = [
     "algbw_busbw",
@@ -25,6 +26,7 @@ __all__: list[str] = [
     "message_diagram",
     "p2p_latency_bandwidth",
     "predicted_vs_measured",
+    "timeline",
     "traffic_per_rank",
     "value_origins",
     "what_if_scaling",
