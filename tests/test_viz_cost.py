@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -41,6 +43,16 @@ def test_predicted_vs_measured_ratio_is_measured_over_model() -> None:
     assert list(ratio_slow.get_ydata()) == pytest.approx([2.0] * 4)
     assert "all_reduce on 4 ranks" in fig._suptitle.get_text()
     FigureCanvasAgg(fig).draw()
+
+
+def test_predicted_vs_measured_on_the_fastest_samples() -> None:
+    rows = [replace(r, times_s=(r.time_s, r.time_s / 4)) for r in _rows("broadcast", 2)]
+    fig = lk.viz.predicted_vs_measured({"min": (rows, NET)}, stat="min")
+    ratio = next(ln for ln in fig.axes[1].get_lines() if len(ln.get_xdata()) == 4)
+    assert list(ratio.get_ydata()) == pytest.approx([0.25] * 4)
+    assert "measured min" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="stat"):
+        lk.viz.predicted_vs_measured({"min": (rows, NET)}, stat="mean")
 
 
 def test_algbw_busbw_panels() -> None:

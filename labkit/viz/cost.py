@@ -47,6 +47,7 @@ def predicted_vs_measured(
     series: Mapping[str, tuple[Sequence[Any], Network]],
     algorithm: str | None = None,
     title: str = "",
+    stat: str = "median",
 ) -> Figure:
     """Measured time (points) and the model's prediction (lines) per size, and their ratio.
 
@@ -57,15 +58,23 @@ def predicted_vs_measured(
             ``Network`` whose α and β predict them, e.g. fitted on that backend's p2p).
         algorithm: the algorithm the model assumes (default: the collective's default).
         title: the figure's title (default: names the collective and world size).
+        stat: which measured time: ``"median"`` (``time_s``) or ``"min"`` (``time_min_s``,
+            the fastest sample).
 
     Returns:
         A ``Figure`` with two axes: time (µs) against size, and measured / predicted.
 
     Raises:
-        ValueError: ``series`` is empty or a series has no rows.
+        ValueError: ``series`` is empty, a series has no rows, or an unknown ``stat``.
     """
     if not series or any(not rows for rows, _ in series.values()):
         raise ValueError("predicted_vs_measured needs at least one series with rows")
+    if stat not in ("median", "min"):
+        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
+
+    def measured(r: Any) -> float:
+        return r.time_s if stat == "median" else r.time_min_s
+
     fig = Figure(figsize=(11, 4), layout="constrained")
     ax_t, ax_r = fig.subplots(1, 2)
     first = next(iter(series.values()))[0][0]
@@ -73,12 +82,12 @@ def predicted_vs_measured(
         rows = sorted(rows, key=lambda r: r.n_bytes)
         sizes = [r.n_bytes for r in rows]
         color = _COLORS[i % len(_COLORS)]
-        ax_t.plot(sizes, [r.time_s * 1e6 for r in rows], "o", color=color, label=f"{label}")
+        ax_t.plot(sizes, [measured(r) * 1e6 for r in rows], "o", color=color, label=f"{label}")
         grid = _grid(sizes[0], sizes[-1])
         op, p = rows[0].op, rows[0].world_size
         model = [predict(op, n, p, net, algorithm) * 1e6 for n in grid]
         ax_t.plot(grid, model, "-", color=color, label=f"{label}: model, {net.label()}")
-        ratios = [r.time_s / predict(r.op, r.n_bytes, r.world_size, net, algorithm) for r in rows]
+        ratios = [measured(r) / predict(op, r.n_bytes, p, net, algorithm) for r in rows]
         ax_r.plot(sizes, ratios, "o-", color=color, label=label)
     ax_r.axhspan(0.75, 1.25, color="gray", alpha=0.15, label="within ±25 %")
     ax_r.axhline(1.0, color="gray", lw=1)
@@ -86,7 +95,7 @@ def predicted_vs_measured(
     _log_axes(ax_r, "size n (bytes)", "measured / predicted")
     ax_t.legend(fontsize=7, loc="upper left")
     ax_r.legend(fontsize=7)
-    ax_t.set_title("time: measured (points), α-β model (lines)")
+    ax_t.set_title(f"time: measured {stat} (points), α-β model (lines)")
     ax_r.set_title("measured / predicted")
     fig.suptitle(title or f"{first.op} on {first.world_size} ranks")
     return fig
