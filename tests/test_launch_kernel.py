@@ -51,7 +51,10 @@ def run_cell(kc, code: str, timeout: float = 120.0, interrupt_after=None, km=Non
             ename = content["ename"]
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    reply = kc.get_shell_msg(timeout=30)
+    while True:  # the reply to this request (under load, others can come first)
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
     return reply["content"]["status"], "".join(out), "".join(err), ename, times
 
 
