@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 
 # Loaded on first use, so that lk.backends.recording.spec(...) works after `import labkit`.
-_SUBMODULES = {"cpp", "recording", "shm", "simnet"}
+_SUBMODULES = {"cpp", "cpp_build", "recording", "shm", "simnet"}
 
 
 def __getattr__(name: str):
