@@ -1,13 +1,16 @@
 """Tests for labkit/backends/recording.py: results unchanged, every operation recorded right.
 
-Every collective and p2p op runs on 3 ranks over gloo and over ``labkit_record`` wrapping gloo;
-the tensors must be bit-for-bit equal and each rank's records must list exactly the ops it
-issued, with torch.distributed's names, nccl-tests' byte counts and global ranks. DDP and
-FSDP2 must train to identical parameters, and a bucketed DDP step must issue exactly one
-all_reduce per bucket (bucket assignment computed by torch's own function).
+Every collective and p2p op runs on 3 ranks over gloo (and labkit_shm, when present) and over
+``labkit_record`` wrapping it; the tensors must be bit-for-bit equal and each rank's records
+must list exactly the ops it issued, with torch.distributed's names, nccl-tests' byte counts
+and global ranks. DDP and FSDP2 must train to identical parameters, and a bucketed DDP step
+must issue exactly one all_reduce per bucket (bucket assignment computed by torch's own
+function).
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -144,19 +147,32 @@ def _expected_records(rank: int, world_size: int) -> list[tuple]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict[str, list[dict]]:
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+INNERS = [
+    "gloo",
+    pytest.param(
+        "labkit_shm",
+        marks=pytest.mark.skipif(not _have("labkit.backends.shm"), reason="no labkit_shm yet"),
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=INNERS)
+def runs(request) -> dict[str, list[dict]]:
+    """Every op on the inner backend itself ("plain") and wrapped by the recording one."""
+    inner = request.param
     return {
-        "gloo": lk.launch(_every_op, world_size=WORLD, backend="gloo", timeout=60),
-        "record": lk.launch(
-            _every_op, world_size=WORLD, backend=recording.spec("gloo"), timeout=60
-        ),
+        "plain": lk.launch(_every_op, world_size=WORLD, backend=inner, timeout=60),
+        "record": lk.launch(_every_op, world_size=WORLD, backend=recording.spec(inner), timeout=60),
     }
 
 
 def test_every_result_is_bitwise_the_inner_backends(runs) -> None:
     for rank in range(WORLD):
-        want, got = runs["gloo"][rank], runs["record"][rank]
+        want, got = runs["plain"][rank], runs["record"][rank]
         assert set(got) - {"records"} == set(want), rank
         for key, value in want.items():
             if isinstance(value, torch.Tensor):
