@@ -357,3 +357,13 @@ def test_backend_spec_registers_a_custom_backend_in_every_rank():
         lk.BackendSpec("nothing")
     with pytest.raises(ValueError, match="identifier"):
         lk.BackendSpec("no spaces", creator=_store_sum_pg)
+
+
+def test_functions_touching_torch_backends_like_modules_can_be_sent():
+    """torch.backends.* are module subclasses that cloudpickle alone cannot ship."""
+    import labkit.backends  # noqa: F401 - `lk.backends` next to `torch` in the code
+
+    def fn(rank, world_size):
+        return lk.backends.__name__, torch.backends.cudnn.__name__, torch.ones(1).item()
+
+    assert lk.launch(fn, world_size=2) == [("labkit.backends", "torch.backends.cudnn", 1.0)] * 2

@@ -217,8 +217,10 @@ def _dumps(obj) -> bytes:
     real one (a notebook cell's ``/tmp/ipykernel_.../N.py``) lets the launcher show the source
     line of each frame in a rank's traceback and stack dump.
     """
+    import importlib
     import io
     import pickle
+    import sys
     import types
     from collections import ChainMap
 
@@ -235,6 +237,15 @@ def _dumps(obj) -> bytes:
 
     class _Pickler(cloudpickle.Pickler):
         dispatch_table = ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+        def reducer_override(self, obj):
+            # torch.backends.* are instances of module subclasses, which cloudpickle tries to
+            # copy by value (and fails); any module that is in sys.modules goes by name.
+            if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType:
+                name = getattr(obj, "__name__", None)
+                if name and sys.modules.get(name) is obj:
+                    return importlib.import_module, (name,)
+            return super().reducer_override(obj)
 
     buf = io.BytesIO()
     _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
