@@ -86,7 +86,8 @@ def predicted_vs_measured(
         grid = _grid(sizes[0], sizes[-1])
         op, p = rows[0].op, rows[0].world_size
         model = [predict(op, n, p, net, algorithm) * 1e6 for n in grid]
-        ax_t.plot(grid, model, "-", color=color, label=f"{label}: model, {net.label()}")
+        terms = f"α = {net.latency_us:.3g} µs, 1/β = {net.bandwidth_gbps:.3g} GB/s"
+        ax_t.plot(grid, model, "-", color=color, label=f"{label} model: {terms}")
         ratios = [measured(r) / predict(op, r.n_bytes, p, net, algorithm) for r in rows]
         ax_r.plot(sizes, ratios, "o-", color=color, label=label)
     ax_r.axhspan(0.75, 1.25, color="gray", alpha=0.15, label="within ±25 %")
