@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import labkit as lk
 from labkit.backends._shm import segment
-from tests import shm_cases
+from tests import shm_cases, shm_p2p_cases
 from tests.shm_cases import all_cases
 
 WORLD_SIZES = [2, 3, 4, pytest.param(8, marks=pytest.mark.slow)]
@@ -54,7 +54,7 @@ def _results(world_size: int) -> list[dict[str, str | None]]:
 @functools.cache
 def _specials(world_size: int) -> list[dict[str, str | None]]:
     return lk.launch(
-        shm_cases.run_specials, world_size=world_size, backend="labkit_shm", timeout=120
+        shm_p2p_cases.run_specials, world_size=world_size, backend="labkit_shm", timeout=120
     )
 
 

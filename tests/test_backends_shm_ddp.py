@@ -1,5 +1,6 @@
-"""Unmodified PyTorch training on labkit_shm: DistributedDataParallel reaches the parameters
-it reaches over gloo, and FSDP2's ``fully_shard`` those of a single-process reference.
+"""Unmodified PyTorch on labkit_shm: DistributedDataParallel reaches the parameters it reaches
+over gloo, FSDP2's ``fully_shard`` those of a single-process reference, and object
+collectives, subgroups, 2-D device meshes, DTensor and functional collectives work.
 """
 
 from __future__ import annotations
@@ -97,3 +98,40 @@ def test_fsdp2_trains_to_the_single_process_reference():
     for rank, (sharded, reference) in enumerate(res):
         for p, q in zip(sharded, reference, strict=True):
             torch.testing.assert_close(p, q, rtol=0, atol=FSDP_TOL, msg=f"rank {rank}")
+
+
+def _torch_apis(rank, world_size):
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    objs = [None] * world_size
+    dist.all_gather_object(objs, {"rank": rank})
+    listed = [rank, "x"] if rank == 0 else [None, None]
+    dist.broadcast_object_list(listed, 0)
+    pair = dist.new_group([0, 1], backend="labkit_shm")  # a subgroup; ranks 2, 3 are not in it
+    x = torch.full((3,), float(rank))
+    if rank < 2:
+        dist.all_reduce(x, group=pair)
+    mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
+    tp = torch.full((2,), float(rank))
+    dist.all_reduce(tp, group=mesh.get_group("tp"))
+    flat = init_device_mesh("cpu", (world_size,))
+    d = distribute_tensor(torch.arange(8.0), flat, [Shard(0)])
+    full = d.full_tensor()  # DTensor's functional all_gather, from C++
+    replicated = d.redistribute(flat, [Replicate()]).to_local()
+    summed = funcol.all_reduce(torch.full((2,), float(rank)), "sum", dist.group.WORLD)
+    return objs, listed, x, tp, full, replicated, summed
+
+
+def test_object_collectives_subgroups_meshes_and_dtensor_work():
+    n = 4
+    for rank, res in enumerate(lk.launch(_torch_apis, world_size=n, backend="labkit_shm")):
+        objs, listed, x, tp, full, replicated, summed = res
+        assert objs == [{"rank": r} for r in range(n)] and listed == [0, "x"]
+        assert x.tolist() == ([1.0] * 3 if rank < 2 else [float(rank)] * 3)  # 0 + 1, or unchanged
+        pair = rank - rank % 2  # the tp dimension of the (2, 2) mesh: ranks {0, 1}, {2, 3}
+        assert tp.tolist() == [float(pair + pair + 1)] * 2
+        assert full.tolist() == replicated.tolist() == list(range(8))
+        assert summed.tolist() == [float(sum(range(n)))] * 2

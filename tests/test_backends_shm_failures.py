@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import labkit as lk
 from labkit.backends._shm import segment
+from labkit.backends._shm.layout import Layout
 from labkit.backends._shm.sync import PeerWatch
 
 LAUNCH_S = 30.0  # the world group's own timeout is LAUNCH_S + 60 s
@@ -281,9 +282,11 @@ def test_creator_unlinks_when_a_rank_never_attaches(peer):
 
 
 def test_segment_is_private_to_its_owner():
-    mm, name, layout = segment._create(segment.Layout.for_world(2))
+    before = _segments()
+    mm, name, layout = segment._create(Layout.for_world(2))
     path = os.path.join(segment.SHM_DIR, name)
     try:
+        assert _segments() - before == {name}
         st = os.stat(path)
         assert name.startswith(segment.PREFIX)
         assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()

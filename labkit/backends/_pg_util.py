@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
 
 _R = dist.ReduceOp.RedOpType
 REDUCE_OPS: dict[object, str] = {
@@ -225,18 +225,12 @@ class FutureWork(dist.Work):
         return self.future.done()
 
     def is_success(self) -> bool:
-        if not self.future.done():
-            return False
-        try:
-            self.future.value()
-        except Exception:  # noqa: BLE001 - any error means no success
-            return False
-        return True
+        return self.future.done() and self.exception() is None
 
     def exception(self):
         try:
             self.future.value()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the operation's error, whatever it is
             return exc
         return None
 
@@ -287,7 +281,7 @@ class PythonProcessGroup(dist.ProcessGroup):
 
     # -- aliases: one implementation, every name torch uses for it --------------------------
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 - torch's parameter name
-        return self.all_gather_single(output, input, opts or dist.AllgatherOptions())
+        return self.all_gather_single(output, input, opts or AllgatherOptions())
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         return self.reduce_scatter_single(output, input, opts or dist.ReduceScatterOptions())
@@ -297,9 +291,9 @@ class PythonProcessGroup(dist.ProcessGroup):
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return _last_or_done(works, outputs)
+        return _all_done(works, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -307,7 +301,7 @@ class PythonProcessGroup(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         pairs = zip(outputs, inputs, strict=True)
         works = [self.reduce_scatter_single(o, i, opts) for o, i in pairs]
-        return _last_or_done(works, outputs)
+        return _all_done(works, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -318,16 +312,16 @@ class PythonProcessGroup(dist.ProcessGroup):
             if opts is not None:
                 one.reduceOp = opts.reduceOp
             works.append(self.allreduce([t], one))
-        return _last_or_done(works, tensors)
+        return _all_done(works, tensors)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         pairs = zip(output_lists, inputs, strict=True)
         works = [self.allgather([outs], [i], opts) for outs, i in pairs]
-        return _last_or_done(works, output_lists)
+        return _all_done(works, output_lists)
 
 
-def _last_or_done(works: list, result) -> dist.Work:
+def _all_done(works: list, result) -> dist.Work:
     for w in works:
         w.wait()
     return completed_work(result)

@@ -1,8 +1,9 @@
-"""The pieces of the ``labkit_shm`` backend (see ``labkit/backends/shm.py``).
+"""The parts of the ``labkit_shm`` backend (see ``labkit/backends/shm.py``).
 
 Introduced in notebooks/04_custom_backend.ipynb.
 
-``segment`` (the shared memory and its layout), ``sync`` (rounds, waiting, failures),
-``describe`` (descriptor checks), ``collectives`` (the algorithms), ``mailbox`` and ``p2p``
-(send/recv), ``group`` (the ProcessGroup class).
+``layout`` and ``segment`` (the shared memory: where things are, how it is created and
+cleaned up), ``sync`` (rounds, waiting, dead peers, timeouts), ``describe`` (the descriptor
+check), ``collectives`` (the algorithms), ``calls`` (c10d calls to algorithm calls),
+``mailbox`` and ``p2p`` (send/recv), ``group`` (the ProcessGroup class).
 """

@@ -2,11 +2,13 @@
 
 Introduced in notebooks/04_custom_backend.ipynb.
 
-Each method checks its arguments, describes the call for the descriptor check, flattens the
-tensors (a non-contiguous tensor goes through a contiguous copy and is copied back), runs the
-algorithm from ``collectives.py`` and returns a ``Work``. Collectives run to completion in the
-calling thread, so ``async_op=True`` returns a Work that is already complete; sends and recvs
-are advanced by the group's progress thread and complete later.
+Creating one exchanges the ranks' pids through the store and maps the segment. Every
+collective (its methods are in ``calls.py``) goes through ``_run``: number the call, run its
+rounds, and turn a failure into the right state. A mismatch or invalid argument leaves every
+rank at the same point, so the group stays usable; a dead peer, a timeout or an interrupt
+leaves the ranks out of step, so the group refuses any further collective. Collectives run
+to completion in the calling thread, so ``async_op=True`` returns a Work that is already
+complete; sends and recvs are advanced by the group's progress thread and complete later.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from labkit.backends._pg_util import (
     reduction_error,
 )
 from labkit.backends._shm import collectives as algo
+from labkit.backends._shm.calls import CollectiveCalls
 from labkit.backends._shm.describe import KIND_CODE, ArgumentError, MismatchError, OpDesc
 from labkit.backends._shm.p2p import PointToPoint
 from labkit.backends._shm.segment import open_segment
@@ -42,24 +45,7 @@ def _exchange_pids(store, rank: int, world_size: int, timeout: timedelta) -> lis
     return [int(store.get(k)) for k in keys]
 
 
-class _Flat:
-    """A 1-D contiguous view of a tensor; ``done()`` copies back when a copy had to be made."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.user = t
-        self.copy = not t.is_contiguous()
-        self.flat = (t.contiguous() if self.copy else t).reshape(-1)
-
-    def done(self) -> None:
-        if self.copy:
-            self.user.copy_(self.flat.view(self.user.shape))
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8)  # data-movement collectives move bytes: every dtype works
-
-
-class ShmProcessGroup(PythonProcessGroup):
+class ShmProcessGroup(CollectiveCalls, PythonProcessGroup):
     """A process group whose ranks on one host exchange data through shared memory.
 
     Introduced in notebooks/04_custom_backend.ipynb.
@@ -154,203 +140,6 @@ class ShmProcessGroup(PythonProcessGroup):
                 desc.error = f"{what}[{i}] is {describe(t)}, expected {describe(like)}-sized"
                 return
 
-    # -- collectives -----------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
-        t = self._single(tensors, "all_reduce")
-        desc = self._desc("all_reduce", t)
-        op = self._reduction(desc, opts.reduceOp, t.dtype)
-
-        def run():
-            f = _Flat(t)
-            algo.all_reduce(self._ex, f.flat, op, desc)
-            f.done()
-
-        return self._run(desc, run, tensors)
-
-    def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
-        t = self._single(tensors, "reduce")
-        desc = self._desc("reduce", t, root=opts.rootRank)
-        op = self._reduction(desc, opts.reduceOp, t.dtype)
-
-        def run():
-            f = _Flat(t)
-            algo.reduce(self._ex, f.flat, op, opts.rootRank, desc)
-            f.done()
-
-        return self._run(desc, run, tensors)
-
-    def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
-        t = self._single(tensors, "broadcast")
-        desc = self._desc("broadcast", t, root=opts.rootRank)
-
-        def run():
-            f = _Flat(t)
-            algo.broadcast(self._ex, _bytes(f.flat), opts.rootRank, desc)
-            f.done()
-
-        return self._run(desc, run, tensors)
-
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        t = self._single(input_tensors, "all_gather")
-        outs = self._single(output_tensors, "all_gather")
-        desc = self._desc("all_gather", t)
-        self._check_list(desc, outs, t, "output_tensor_list")
-
-        def run():
-            flats = [_Flat(o) for o in outs]
-            inp = _bytes(_Flat(t).flat)
-            algo.all_gather(self._ex, inp, [_bytes(f.flat) for f in flats], desc)
-            for f in flats:
-                f.done()
-
-        return self._run(desc, run, output_tensors)
-
-    def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        desc = self._desc("all_gather_into_tensor", input)
-        if not desc.error and (
-            output.dtype != input.dtype or output.numel() != self._n * input.numel()
-        ):
-            desc.error = (
-                f"output {describe(output)} must hold world_size={self._n} x input "
-                f"{describe(input)}"
-            )
-
-        def run():
-            out = _Flat(output)
-            rows = _bytes(out.flat).view(self._n, -1)
-            algo.all_gather(self._ex, _bytes(_Flat(input).flat), rows, desc)
-            out.done()
-
-        return self._run(desc, run, [output])
-
-    def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
-        t = self._single(input_tensors, "gather")
-        root = opts.rootRank
-        desc = self._desc("gather", t, root=root)
-        outs = None
-        if self._rank == root:
-            outs = self._single(output_tensors, "gather") if output_tensors else []
-            self._check_list(desc, outs, t, "gather_list")
-
-        def run():
-            flats = [_Flat(o) for o in outs] if outs is not None else None
-            dst = [_bytes(f.flat) for f in flats] if flats is not None else None
-            algo.gather(self._ex, _bytes(_Flat(t).flat), dst, root, desc)
-            for f in flats or []:
-                f.done()
-
-        return self._run(desc, run, output_tensors)
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
-        t = self._single(output_tensors, "scatter")
-        root = opts.rootRank
-        desc = self._desc("scatter", t, root=root)
-        ins = None
-        if self._rank == root:
-            ins = self._single(input_tensors, "scatter") if input_tensors else []
-            self._check_list(desc, ins, t, "scatter_list")
-
-        def run():
-            out = _Flat(t)
-            src = [_bytes(_Flat(i).flat) for i in ins] if ins is not None else None
-            algo.scatter(self._ex, src, _bytes(out.flat), root, desc)
-            out.done()
-
-        return self._run(desc, run, output_tensors)
-
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        t = self._single(output_tensors, "reduce_scatter")
-        ins = self._single(input_tensors, "reduce_scatter")
-        desc = self._desc("reduce_scatter", t)
-        op = self._reduction(desc, opts.reduceOp, t.dtype)
-        self._check_list(desc, ins, t, "input_list")
-
-        def run():
-            out = _Flat(t)
-            algo.reduce_scatter(self._ex, [_Flat(i).flat for i in ins], out.flat, op, desc)
-            out.done()
-
-        return self._run(desc, run, output_tensors)
-
-    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        opts = opts or dist.ReduceScatterOptions()
-        desc = self._desc("reduce_scatter_tensor", output)
-        op = self._reduction(desc, opts.reduceOp, output.dtype)
-        if not desc.error and (
-            input.dtype != output.dtype or input.numel() != self._n * output.numel()
-        ):
-            desc.error = (
-                f"input {describe(input)} must hold world_size={self._n} x output "
-                f"{describe(output)}"
-            )
-
-        def run():
-            out = _Flat(output)
-            rows = _Flat(input).flat.view(self._n, -1)
-            algo.reduce_scatter(self._ex, rows, out.flat, op, desc)
-            out.done()
-
-        return self._run(desc, run, [output])
-
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        ref = input_tensors[0] if input_tensors else torch.empty(0)
-        desc = self._desc("all_to_all", ref)
-        desc.common.pop("numel", None)  # sizes may differ per pair; checked pairwise instead
-        if len(input_tensors) != self._n or len(output_tensors) != self._n:
-            desc.error = f"all_to_all needs world_size={self._n} input and output tensors"
-        elif any(t.dtype != ref.dtype for t in [*input_tensors, *output_tensors]):
-            desc.error = "all_to_all needs one dtype for every input and output tensor"
-        else:
-            desc.sends = [t.numel() for t in input_tensors]
-            desc.recvs = [t.numel() for t in output_tensors]
-
-        def run():
-            outs = [_Flat(o) for o in output_tensors]
-            sends = [_bytes(_Flat(i).flat) for i in input_tensors]
-            recvs = [_bytes(f.flat) for f in outs]
-            algo.all_to_all(self._ex, sends, recvs, desc, ref.element_size())
-            for f in outs:
-                f.done()
-
-        return self._run(desc, run, output_tensors)
-
-    def all_to_all_single(  # noqa: PLR0913 - c10d's signature
-        self,
-        output,
-        input,  # noqa: A002 - torch's name
-        output_split_sizes,
-        input_split_sizes,
-        opts=None,
-    ):
-        desc = self._desc("all_to_all_single", input)
-        desc.common.pop("numel", None)
-        sends = _splits(desc, input, list(input_split_sizes), self._n, "input")
-        recvs = _splits(desc, output, list(output_split_sizes), self._n, "output")
-        if not desc.error and output.dtype != input.dtype:
-            desc.error = f"output {describe(output)} and input {describe(input)} differ in dtype"
-        if not desc.error:
-            desc.sends, desc.recvs = sends, recvs
-
-        def run():
-            es = input.element_size()
-            out = _Flat(output)
-            src = _cut(_bytes(_Flat(input).flat), [s * es for s in sends])
-            dst = _cut(_bytes(out.flat), [r * es for r in recvs])
-            algo.all_to_all(self._ex, src, dst, desc, es)
-            out.done()
-
-        return self._run(desc, run, [output])
-
-    def barrier(self, opts=None):
-        desc = self._desc("barrier", None)
-        return self._run(desc, lambda: algo.barrier(self._ex, desc), [])
-
     # -- point to point --------------------------------------------------------------------
     def _p2p_check(self, tensors, peer: int, what: str) -> torch.Tensor:
         t = self._single(tensors, what)
@@ -364,14 +153,17 @@ class ShmProcessGroup(PythonProcessGroup):
         return t
 
     def send(self, tensors, dstRank: int, tag: int = 0):  # noqa: N803 - c10d's names
+        """``dist.isend``: returns at once; the Work completes once the bytes are in the ring."""
         t = self._p2p_check(tensors, dstRank, "send")
         return self._p2p.post("send", dstRank, tag, t)
 
     def recv(self, tensors, srcRank: int, tag: int = 0):  # noqa: N803
+        """``dist.irecv`` from ``srcRank``: the first message from it with ``tag``."""
         t = self._p2p_check(tensors, srcRank, "recv")
         return self._p2p.post("recv", srcRank, tag, t)
 
     def recv_anysource(self, tensors, tag: int = 0):
+        """``dist.recv(src=None)``: the first message with ``tag`` from any rank."""
         t = self._single(tensors, "recv")
         return self._p2p.post("recv", -1, tag, t)
 
@@ -382,31 +174,5 @@ class ShmProcessGroup(PythonProcessGroup):
         self._rounds.leave()
 
     def abort(self) -> None:
+        """Same as ``shutdown``: nothing is left to tear down in the peers."""
         self.shutdown()
-
-
-def _splits(desc: OpDesc, t: torch.Tensor, splits: list[int], n: int, what: str) -> list[int]:
-    """Elements per rank for all_to_all_single, from split sizes along dim 0."""
-    if desc.error:
-        return []
-    if t.dim() == 0:
-        desc.error = f"all_to_all_single needs tensors with a dim 0, {what} is a scalar"
-        return []
-    rows, row = t.shape[0], t.numel() // max(1, t.shape[0])
-    if not splits:
-        if rows % n:
-            desc.error = f"{what} has {rows} rows along dim 0, not divisible by world_size={n}"
-            return []
-        splits = [rows // n] * n
-    if len(splits) != n or sum(splits) != rows or min(splits) < 0:
-        desc.error = f"{what}_split_sizes {splits} must be {n} sizes summing to {rows}"
-        return []
-    return [s * row for s in splits]
-
-
-def _cut(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    out, start = [], 0
-    for s in sizes:
-        out.append(flat[start : start + s])
-        start += s
-    return out

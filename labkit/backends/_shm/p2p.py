@@ -258,8 +258,12 @@ class PointToPoint:
             self.inb[p].current = None
 
     def _fail_all(self, why: str) -> None:
-        for op in [*self.recvs, *(op for q in self.sends.values() for op in q)]:
+        ops = [*self.recvs, *(op for q in self.sends.values() for op in q)]
+        ops += [b.current.op for b in self.inb.values() if b.current and b.current.op]
+        for op in ops:
             op.work.fail(RuntimeError(f"labkit_shm: {op.label(self.rank)}: {why}"))
         self.recvs.clear()
         for q in self.sends.values():
             q.clear()
+        for box in self.inb.values():
+            box.current = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import time
 
-from labkit.backends._shm.segment import (
+from labkit.backends._shm.layout import (
     NBUF,
     STATE_LEFT,
     W_KIND,
