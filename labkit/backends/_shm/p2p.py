@@ -113,9 +113,14 @@ class PointToPoint:
                         self._thread = None
                         return
                 new, self._new = self._new, []
-            for op in new:
-                self._accept(op)
-            moved = self._step()
+            try:
+                for op in new:
+                    self._accept(op)
+                moved = self._step()
+            except Exception as exc:  # noqa: BLE001 - a bug or corruption: fail, never hang
+                self._fail_all(f"the progress thread failed: {type(exc).__name__}: {exc}")
+                self.broken.update(dict.fromkeys(self.out, "the progress thread failed"))
+                continue
             if moved:
                 waiter = None
             else:
@@ -158,7 +163,7 @@ class PointToPoint:
     def _step(self) -> bool:
         moved = False
         for d, queue in self.sends.items():
-            while queue:
+            while queue and d not in self.broken:
                 op = queue[0]
                 moved |= self.out[d].step(op)
                 if not op.finished:
@@ -166,7 +171,8 @@ class PointToPoint:
                 queue.popleft()
                 self._complete(op, self.rank)
         for s, box in self.inb.items():
-            moved |= self._receive(s, box)
+            if s not in self.broken:
+                moved |= self._receive(s, box)
         return moved
 
     def _receive(self, s: int, box: InBox) -> bool:

@@ -31,11 +31,11 @@ from __future__ import annotations
 import os
 import time
 
+from labkit.backends._shm.describe import kind_name
 from labkit.backends._shm.layout import (
     NBUF,
     STATE_LEFT,
     W_KIND,
-    W_PID,
     W_ROUND,
     W_SEQ,
     W_STATE,
@@ -95,7 +95,7 @@ class PeerWatch:
 
 
 class Waiter:
-    """Backoff for one wait: spin, then yield, then sleep; ``due()`` says when to check.
+    """Backoff for one wait: spin, then yield, then sleep; ``pause()`` says when to check.
 
     Introduced in notebooks/04_custom_backend.ipynb.
     """
@@ -178,8 +178,6 @@ class Rounds:
             )
 
     def _where(self, r: int) -> str:
-        from labkit.backends._shm.describe import kind_name
-
         lay = self.seg.layout
         seq, kind = self.ctl[lay.word(r, W_SEQ)], self.ctl[lay.word(r, W_KIND)]
         if seq == 0:
@@ -189,6 +187,3 @@ class Rounds:
     def leave(self) -> None:
         """Tell the peers this rank destroyed its group (their waits end with an error)."""
         self.ctl[self.seg.layout.word(self.rank, W_STATE)] = STATE_LEFT
-
-    def pid_of(self, r: int) -> int:
-        return self.ctl[self.seg.layout.word(r, W_PID)]
