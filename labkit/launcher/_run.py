@@ -30,7 +30,7 @@ from labkit.launcher.errors import (
 )
 
 FAILURE_GRACE_S = 0.5  # after a first failure, wait this long for other ranks' own errors
-STACK_WAIT_S = 2.0  # how long ranks get to write their stacks at a timeout
+STACK_WAIT_S = 3.0  # how long ranks get to write their stacks at a timeout
 EXIT_WAIT_S = 10.0  # after its result, a rank's teardown gets this long before SIGKILL
 
 _launch_ids = itertools.count(1)
@@ -295,7 +295,9 @@ class LaunchRun:
                 r.rank,
                 "stuck",
                 "was still running",
-                stack=clean_stack_dump(r.stack.decode(errors="replace")) or "(no stack received)",
+                stack=clean_stack_dump(r.stack.decode(errors="replace"))
+                or "(no Python stack came back within the wait: the rank may not have started "
+                "running Python code yet on a very busy machine)",
             )
             for r in stuck
         }

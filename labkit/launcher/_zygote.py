@@ -54,6 +54,10 @@ def _fork_rank(
         return pid
     code = 70
     try:
+        # First thing: stack-dump requests now reach this rank's pipe, even before
+        # _rank.main registers its own handler (a timeout can come that early under load).
+        if _STACK_FD is not None:
+            os.dup2(fds[3], _STACK_FD)
         os.setpgid(0, 0)  # own process group: killpg reaches anything the rank starts
         set_parent_death_signal()
         signal.set_wakeup_fd(-1)
@@ -71,6 +75,18 @@ def _fork_rank(
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+_STACK_FD: int | None = None  # where an inherited faulthandler writes on SIGUSR1
+
+
+def _register_stack_dumps() -> None:
+    """Register faulthandler for SIGUSR1 here, so every forked rank inherits it at birth."""
+    global _STACK_FD
+    import faulthandler
+
+    _STACK_FD = os.open(os.devnull, os.O_WRONLY)
+    faulthandler.register(signal.SIGUSR1, file=_STACK_FD, all_threads=True)
 
 
 def _send(sock: socket.socket, msg: dict) -> None:
@@ -210,6 +226,7 @@ def main() -> None:
         setproctitle.setproctitle(f"labkit zygote (launcher pid {launcher_pid})")
     except ImportError:
         pass
+    _register_stack_dumps()
     # Move everything imported so far out of the collector's sight: ranks then neither scan
     # torch's objects in gc.collect() (~0.9 s) nor copy their pages by touching them.
     import gc
