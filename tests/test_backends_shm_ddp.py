@@ -5,14 +5,25 @@ collectives, subgroups, 2-D device meshes, DTensor and functional collectives wo
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import labkit as lk
+from labkit.backends._shm import segment
 
 STEPS = 5
 DDP_TOL = 1e-6  # float32 gradients averaged in another order than gloo's
 FSDP_TOL = 1e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_segments():
+    before = {f for f in os.listdir(segment.SHM_DIR) if f.startswith(segment.PREFIX)}
+    yield
+    after = {f for f in os.listdir(segment.SHM_DIR) if f.startswith(segment.PREFIX)}
+    assert after - before == set(), "a labkit_shm segment was left in /dev/shm"
 
 
 def _model():
