@@ -102,6 +102,7 @@ def _send(sock: socket.socket, msg: dict) -> None:
 # pay ~1.2 s each, every launch: DDP's first use imports torch._dynamo, and cloudpickle makes a
 # rank import torch.distributed.tensor whenever the function's code names ``tensor``.
 WARM_IMPORTS = ("torch.distributed.tensor", "torch._dynamo", "torch.nn.parallel")
+WARM_IDLE_S = 0.5
 
 
 def _warm_import(name: str) -> None:
@@ -157,7 +158,8 @@ def serve(sock: socket.socket) -> None:
     while True:
         try:
             # While modules remain to warm up, only peek; import one when nothing is asked.
-            ready, _, _ = select.select([sock, wake_r], [], [], 0 if warm else None)
+            # (after WARM_IDLE_S of quiet, so the launch that follows "ready" is not delayed).
+            ready, _, _ = select.select([sock, wake_r], [], [], WARM_IDLE_S if warm else None)
         except InterruptedError:
             continue
         if not ready and warm:
