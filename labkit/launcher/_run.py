@@ -31,6 +31,7 @@ from labkit.launcher.errors import (
 
 FAILURE_GRACE_S = 0.5  # after a first failure, wait this long for other ranks' own errors
 STACK_WAIT_S = 3.0  # how long ranks get to write their stacks at a timeout
+STACK_QUIET_S = 0.25  # a dump is complete once its pipe has been quiet this long
 EXIT_WAIT_S = 10.0  # after its result, a rank's teardown gets this long before SIGKILL
 
 _launch_ids = itertools.count(1)
@@ -285,10 +286,18 @@ class LaunchRun:
     def _timeout(self) -> LaunchTimeout:
         stuck = [r for r in self.ranks if not r.exited and not r.has_result]
         self._signal([self.pids[r.rank] for r in stuck], signal.SIGUSR1)
-        end = time.monotonic() + STACK_WAIT_S
-        while time.monotonic() < end and not all(r.stack for r in stuck):
+        # faulthandler writes a dump in many small pieces: wait until every stuck rank has
+        # written something and then nothing more for STACK_QUIET_S (bounded by STACK_WAIT_S).
+        now = time.monotonic()
+        end, last_growth, seen = now + STACK_WAIT_S, now, 0
+        while now < end:
             self._poll(0.05)
-        self._poll(0.1)  # the rest of a dump that arrived in pieces
+            now = time.monotonic()
+            total = sum(len(r.stack) for r in stuck)
+            if total != seen:
+                seen, last_growth = total, now
+            elif all(r.stack for r in stuck) and now - last_growth >= STACK_QUIET_S:
+                break
         self._wait_exits(0.0)
         failures = {
             r.rank: RankFailure(
