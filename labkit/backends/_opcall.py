@@ -64,28 +64,22 @@ def reduce_op_name(opts) -> str:
     return getattr(getattr(op, "op", op), "name", str(op))
 
 
-class _NotifyingWork(dist.Work):
-    """A Work without a future (gloo send/recv): report completion when the caller sees it."""
+class WrappedWork(dist.Work):
+    """A Work that answers every query from the inner Work it wraps.
 
-    def __init__(self, inner: dist.Work, done: Callable[[], None]) -> None:
+    Subclasses change what they need (when it counts as complete, what its future does); the
+    rest of torch's Work interface passes straight through.
+    """
+
+    def __init__(self, inner: dist.Work) -> None:
         super().__init__()
-        self._inner, self._done, self._fired = inner, done, False
-
-    def _fire(self) -> None:
-        if not self._fired:
-            self._fired = True
-            self._done()
+        self._inner = inner
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        ok = self._inner.wait(timeout)
-        self._fire()
-        return ok
+        return self._inner.wait(timeout)
 
     def is_completed(self) -> bool:
-        done = self._inner.is_completed()
-        if done:
-            self._fire()
-        return done
+        return self._inner.is_completed()
 
     def is_success(self) -> bool:
         return self._inner.is_success()
@@ -107,6 +101,30 @@ class _NotifyingWork(dist.Work):
 
     def get_future(self):
         return self._inner.get_future()
+
+
+class _NotifyingWork(WrappedWork):
+    """A Work without a future (gloo send/recv): report completion when the caller sees it."""
+
+    def __init__(self, inner: dist.Work, done: Callable[[], None]) -> None:
+        super().__init__(inner)
+        self._done, self._fired = done, False
+
+    def _fire(self) -> None:
+        if not self._fired:
+            self._fired = True
+            self._done()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        ok = self._inner.wait(timeout)
+        self._fire()
+        return ok
+
+    def is_completed(self) -> bool:
+        done = self._inner.is_completed()
+        if done:
+            self._fire()
+        return done
 
 
 def when_complete(work: dist.Work, done: Callable[[], None]) -> dist.Work:

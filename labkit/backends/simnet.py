@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.backends._inner import create_inner, inner_devices, inner_name
-from labkit.backends._opcall import OpCall
+from labkit.backends._opcall import OpCall, WrappedWork
 from labkit.backends._wrapper import WrapperProcessGroup
 from labkit.costmodel import ALGORITHMS, Network, predict
 from labkit.launcher import BackendSpec
@@ -75,12 +75,12 @@ COLLECTIVE_OF: dict[str, str] = {
 }
 
 
-class _DelayedWork(dist.Work):
+class _DelayedWork(WrappedWork):
     """The inner Work, completing no earlier than ``deadline`` (``time.perf_counter()``)."""
 
     def __init__(self, inner: dist.Work, deadline: float) -> None:
-        super().__init__()
-        self._inner, self._deadline = inner, deadline
+        super().__init__(inner)
+        self._deadline = deadline
         self._future: torch.futures.Future | None = None
         self._lock = threading.Lock()
 
@@ -95,24 +95,6 @@ class _DelayedWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._inner.is_completed() and self._rest() <= 0
-
-    def is_success(self) -> bool:
-        return self._inner.is_success()
-
-    def exception(self):
-        return self._inner.exception()
-
-    def source_rank(self) -> int:
-        return self._inner.source_rank()
-
-    def _source_rank(self) -> int:
-        return self._inner._source_rank()
-
-    def result(self) -> list[torch.Tensor]:
-        return self._inner.result()
-
-    def synchronize(self) -> None:
-        self._inner.synchronize()
 
     def get_future(self) -> torch.futures.Future:
         """A future completed with the inner one's value once the deadline has passed too."""

@@ -25,6 +25,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from labkit.collectives import P2P, chunk_bounds
 from labkit.exercises import ExerciseFailed, exercise
+from labkit.exercises._failures import first_cause
 from labkit.launcher import LaunchTimeout, RankError, launch
 
 WORLD_SIZES = (2, 3, 4)
@@ -64,16 +65,6 @@ def ring_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     for step in range(p - 1):
         send, recv = chunks[(r - step) % p], chunks[(r - step - 1) % p]
         p2p.at("all-gather", step).exchange(send, (r + 1) % p, recv, (r - 1) % p)
-
-
-def _first_cause(exc: RankError) -> str:
-    """The failing rank's one-line error, preferring ranks that did not fail only because a
-    peer died first (gloo reports those as a closed or reset connection)."""
-    failures = list(exc.failures.values())
-    collateral = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-    own = [f for f in failures if not any(s in f.summary for s in collateral)]
-    first = (own or failures)[0]
-    return f"rank {first.rank} {first.summary}"
 
 
 def _owned(rank: int, numel: int, world_size: int) -> torch.Tensor:
@@ -217,6 +208,6 @@ def check_ring_all_gather(fn: Callable[..., Any]) -> dict[str, Any]:
         except RankError as exc:
             if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
                 raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {_first_cause(exc)}") from exc
+            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
         _compare(world_size, results)
     return {"world_sizes": list(WORLD_SIZES), "sizes": list(SIZES)}

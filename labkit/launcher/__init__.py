@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from labkit.launcher._backend_spec import BackendSpec
-from labkit.launcher._checks import LABKIT_BACKENDS, make_plan, pickle_call
+from labkit.launcher._checks import LABKIT_BACKENDS, check_fn, make_plan, pickle_call
 from labkit.launcher._context import get_device, rank_context
 from labkit.launcher._pool import _lock, current_zygote_pid, get_zygote, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
@@ -71,8 +71,6 @@ def launch(
         LaunchTimeout: nothing finished within ``timeout``; shows where each rank was stuck.
         KeyboardInterrupt: re-raised after every rank has been stopped.
     """
-    from labkit.launcher._checks import check_fn
-
     kwargs = dict(kwargs or {})
     if not isinstance(args, (tuple, list)):
         raise ValueError(f"args must be a tuple of extra arguments, got {type(args).__name__}")
