@@ -1,0 +1,20 @@
+"""Parallel training techniques, one per module, each taking the process group it acts on.
+
+Introduced in notebooks/06_data_parallel.ipynb (``ddp``); later notebooks add ``async_sgd``,
+``model_split``, ``pipeline``, ``tensor`` and ``zero``. Import the submodule you need, e.g.
+``from labkit.parallel import ddp`` or ``lk.parallel.ddp`` (loaded on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_SUBMODULES = {"async_sgd", "ddp", "model_split", "pipeline", "tensor", "zero"}
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"labkit.parallel.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'labkit.parallel' has no attribute {name!r}")
