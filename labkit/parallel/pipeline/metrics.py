@@ -1,0 +1,166 @@
+"""Bubble fraction and in-flight activations: from a schedule, from theory, from measurement.
+
+Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+The bubble is the share of rank-time spent idle between a step's first action and its last.
+From a schedule (unit-time slots) it is idle slots / (ranks × slots); in theory, for GPipe and
+1F1B with ``p`` stages and ``m`` micro-batches, ``(p − 1)/(m + p − 1)`` (Huang et al. 2019,
+§2.3), and ``(p − 1)/(v·m + p − 1)`` with ``v`` interleaved virtual stages (Narayanan et al.
+2021, §2.2); measured, the share of each rank's wall time not covered by its forward and
+backward spans. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from labkit.parallel.pipeline.schedules import Action
+
+__all__ = [
+    "bubble_fraction",
+    "bubble_fraction_theory",
+    "measured_bubble_fraction",
+    "peak_in_flight",
+    "peak_in_flight_theory",
+]
+
+
+def bubble_fraction(schedule: Sequence[Sequence[Action | None]]) -> float:
+    """Idle slots over all rank-slots, from the first slot to the last busy one.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    Args:
+        schedule: per rank, one entry per slot (``None`` = idle).
+
+    Returns:
+        float: in [0, 1); 0 for an empty schedule.
+    """
+    end = max((t + 1 for row in schedule for t, a in enumerate(row) if a is not None), default=0)
+    if end == 0:
+        return 0.0
+    busy = sum(a is not None for row in schedule for a in row[:end])
+    return 1.0 - busy / (len(schedule) * end)
+
+
+def bubble_fraction_theory(n_ranks: int, n_microbatches: int, n_virtual: int = 1) -> float:
+    """The closed-form bubble of GPipe / 1F1B, or of interleaved 1F1B with ``v`` chunks.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    GPipe (Huang et al. 2019, §2.3): ``(p − 1)/(m + p − 1)`` of the total time, B = F;
+    1F1B has the same; interleaving (Narayanan et al. 2021, §2.2) divides the bubble time by
+    ``v``: ``(p − 1)/(v·m + p − 1)``.
+
+    Args:
+        n_ranks: pipeline ranks ``p``.
+        n_microbatches: micro-batches ``m``.
+        n_virtual: virtual stages per rank ``v`` (1 = not interleaved).
+
+    Returns:
+        float: the bubble's share of the total time.
+
+    Raises:
+        ValueError: a count < 1.
+    """
+    p, m, v = n_ranks, n_microbatches, n_virtual
+    if min(p, m, v) < 1:
+        raise ValueError(f"need p, m, v ≥ 1, got {p=}, {m=}, {v=}")
+    return (p - 1) / (v * m + p - 1)
+
+
+def peak_in_flight(schedule: Sequence[Sequence[Action | None]]) -> dict[int, int]:
+    """Per stage, the most micro-batches whose forward ran and backward has not yet.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    Each such micro-batch keeps its activations alive on that stage (they are needed by the
+    backward), so this is the activation memory in units of one micro-batch's activations.
+
+    Args:
+        schedule: per rank, one entry per slot.
+
+    Returns:
+        dict[int, int]: stage → peak count.
+    """
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for row in schedule:
+        for a in row:
+            if a is None:
+                continue
+            live[a.stage] = live.get(a.stage, 0) + (1 if a.op == "F" else -1)
+            peak[a.stage] = max(peak.get(a.stage, 0), live[a.stage])
+    return dict(sorted(peak.items()))
+
+
+def peak_in_flight_theory(
+    schedule_name: str, stage: int, n_stages: int, n_microbatches: int
+) -> int:
+    """The activation bound: GPipe holds all ``m``; 1F1B at most ``p − stage`` (≤ p).
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    Narayanan et al. 2021, §2.1: 1F1B limits in-flight micro-batches to the pipeline depth.
+
+    Args:
+        schedule_name: ``"gpipe"`` or ``"1f1b"``.
+        stage: the stage (= rank).
+        n_stages: stages ``p``.
+        n_microbatches: micro-batches ``m``.
+
+    Returns:
+        int: ``m`` for GPipe, ``min(p − stage, m)`` for 1F1B.
+
+    Raises:
+        ValueError: an unknown schedule name.
+    """
+    if schedule_name == "gpipe":
+        return n_microbatches
+    if schedule_name == "1f1b":
+        return min(n_stages - stage, n_microbatches)
+    raise ValueError(f"no closed form for {schedule_name!r}; known: 'gpipe', '1f1b'")
+
+
+def _union_length(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def measured_bubble_fraction(timeline: Any) -> float:
+    """The measured bubble: rank-time not covered by a forward or backward span.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    Reads the spans the pipeline runtime records (those with an ``"op"`` argument, one per
+    action) from a ``lk.trace.Timeline``; the window runs from the first action's start to
+    the last action's end on any rank. Time in send/recv, waiting and Python overhead counts
+    as bubble, so on CPU ranks the measured value sits above the schedule's.
+
+    Args:
+        timeline: a ``lk.trace.Timeline`` (anything with ``spans`` and ``world_size``).
+
+    Returns:
+        float: ``1 − busy / (ranks × window)``.
+
+    Raises:
+        ValueError: the timeline holds no action spans.
+    """
+    spans = [s for s in timeline.spans if "op" in s.args]
+    if not spans:
+        raise ValueError("no pipeline action spans (spans with an 'op' argument) in the timeline")
+    start = min(s.start_ns for s in spans)
+    end = max(s.end_ns for s in spans)
+    busy = sum(
+        _union_length([(s.start_ns, s.end_ns) for s in spans if s.rank == r])
+        for r in range(timeline.world_size)
+    )
+    return 1.0 - busy / (timeline.world_size * max(end - start, 1))
