@@ -34,10 +34,17 @@ from labkit.parallel.pipeline.schedules import (
 )
 from labkit.parallel.pipeline.validate import ScheduleError, validate
 
-_RUNTIME = {"PipelineResult", "run_schedule", "split_sequential", "stages_of_rank"}
+_RUNTIME = {
+    "PipelineResult",
+    "output_shapes",
+    "run_schedule",
+    "split_sequential",
+    "stages_of_rank",
+}
 
 __all__ = [
     "Action",
+    "PipelineResult",
     "Schedule",
     "ScheduleError",
     "bubble_fraction",
@@ -47,10 +54,14 @@ __all__ = [
     "interleaved_one_f_one_b",
     "measured_bubble_fraction",
     "one_f_one_b",
+    "output_shapes",
     "peak_in_flight",
     "peak_in_flight_theory",
     "place",
     "rank_of_stage",
+    "run_schedule",
+    "split_sequential",
+    "stages_of_rank",
     "validate",
 ]
 

@@ -1,0 +1,213 @@
+"""Run any valid pipeline schedule over send/recv: forward, backward, activations in flight.
+
+Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+Each rank walks its own row of the schedule, slot by slot (idle slots are skipped: a rank
+simply waits in its next receive). For ``F`` of stage ``s`` on micro-batch ``i`` it takes the
+micro-batch (stage 0) or receives the activation of stage ``s − 1``, runs the stage, keeps
+input and output for the backward and sends the output on; the last stage computes the loss,
+scaled by ``1/m`` so the sum over micro-batches is the mean over the whole batch. For ``B``
+it receives the output's gradient (or starts from the loss), runs the backward — parameter
+gradients accumulate over micro-batches — and sends the input's gradient back.
+
+Why it cannot deadlock: sends are non-blocking (``isend``, completed at the end of the
+step) and every receive waits for an action that a valid schedule puts in an earlier slot,
+which itself only waits for earlier slots. Messages carry a tag naming the stage boundary,
+the micro-batch and the direction, so a receive matches its send whatever order they travel.
+
+Each action is recorded as a ``lk.trace.span`` named after it (``"1F0"``, kind ``"compute"``,
+with ``stage``, ``op``, ``microbatch`` arguments) and each wait for a message as a span of
+kind ``"comm"``, so ``lk.trace.Timeline`` shows the measured schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.parallel.pipeline.schedules import Action, rank_of_stage
+from labkit.parallel.pipeline.split import output_shapes, split_sequential
+from labkit.trace import COMM, span
+
+__all__ = [
+    "PipelineResult",
+    "output_shapes",
+    "run_schedule",
+    "split_sequential",
+    "stages_of_rank",
+]
+
+
+@dataclass
+class PipelineResult:
+    """What one rank saw while running a schedule.
+
+    Attributes:
+        loss: the whole batch's mean loss on the rank holding the last stage, else None.
+        peak_in_flight: per stage held here, the most micro-batches whose activations were
+            kept at once (forward done, backward not yet).
+        n_sends: messages this rank sent (activations and gradients).
+    """
+
+    loss: float | None = None
+    peak_in_flight: dict[int, int] = field(default_factory=dict)
+    n_sends: int = 0
+
+
+def stages_of_rank(rank: int, n_ranks: int, n_stages: int) -> list[int]:
+    """The stages rank ``rank`` holds under round-robin placement: ``rank, rank + p, …``.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    Args:
+        rank: pipeline rank (in the pipeline's group).
+        n_ranks: pipeline ranks ``p``.
+        n_stages: total stages, a multiple of ``p``.
+
+    Returns:
+        list[int]: the stage indices, ascending.
+
+    Raises:
+        ValueError: ``n_stages`` is not a positive multiple of ``n_ranks``.
+    """
+    if n_ranks < 1 or n_stages < 1 or n_stages % n_ranks:
+        raise ValueError(f"n_stages ({n_stages}) must be a positive multiple of {n_ranks=}")
+    return list(range(rank, n_stages, n_ranks))
+
+
+def _tag(stage: int, microbatch: int, n_microbatches: int, grad: bool) -> int:
+    """Tag of the message crossing the boundary after ``stage`` (activation) or before it."""
+    return 2 * (stage * n_microbatches + microbatch) + int(grad)
+
+
+class _Wire:
+    """Send/recv between stages in a group; a stage's neighbour on the same rank is local."""
+
+    def __init__(self, group: dist.ProcessGroup | None, n_ranks: int) -> None:
+        self.group, self.n_ranks = group, n_ranks
+        self.me = dist.get_rank(group)
+        self.local: dict[int, torch.Tensor] = {}
+        self.pending: list[dist.Work] = []
+        self.n_sends = 0
+
+    def send(self, t: torch.Tensor, to_stage: int, tag: int) -> None:
+        dst = rank_of_stage(to_stage, self.n_ranks)
+        t = t.detach().contiguous()
+        if dst == self.me:
+            self.local[tag] = t
+            return
+        self.pending.append(dist.isend(t, group=self.group, group_dst=dst, tag=tag))
+        self.n_sends += 1
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, from_stage: int, tag: int):
+        src = rank_of_stage(from_stage, self.n_ranks)
+        if src == self.me:
+            return self.local.pop(tag)
+        buf = torch.empty(tuple(shape), dtype=dtype)
+        with span("recv", kind=COMM, peer=src, tag=tag):
+            dist.irecv(buf, group=self.group, group_src=src, tag=tag).wait()
+        return buf
+
+    def finish(self) -> None:
+        for w in self.pending:
+            w.wait()
+        self.pending.clear()
+
+
+def run_schedule(
+    schedule: Sequence[Sequence[Action | None]],
+    stages: dict[int, nn.Module],
+    inputs: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    shapes: Sequence[Sequence[int]],
+    group: dist.ProcessGroup | None = None,
+    compute_s: float = 0.0,
+) -> PipelineResult:
+    """Run this rank's row of ``schedule``: one training step's forwards and backwards.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    GPipe (Huang et al. 2019) and 1F1B (Narayanan et al. 2021) differ only in the schedule
+    passed here. Gradients accumulate in the stages' parameters (zero them before a step);
+    the result equals one backward of ``loss_fn`` over the whole batch on one process.
+
+    Args:
+        schedule: per rank of ``group``, one entry per slot; should pass ``validate``.
+        stages: stage index → module, for the stages this rank holds
+            (``stages_of_rank``); a stage's output feeds the next stage.
+        inputs: the micro-batches (used where stage 0 lives).
+        targets: the micro-batches' targets (used where the last stage lives).
+        loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
+        shapes: ``shapes[s]`` is stage ``s``'s output shape for one micro-batch
+            (``output_shapes``).
+        group: the pipeline's process group (default: the default group); rank ``r`` of it
+            runs row ``r``.
+        compute_s: extra seconds each action sleeps inside its span, emulating compute that
+            is large next to communication (B = F, as in the schedules' time model).
+
+    Returns:
+        PipelineResult: the loss (last stage's rank), peak activations in flight per stage,
+        messages sent.
+
+    Raises:
+        ValueError: the schedule's row count differs from the group size, or this rank is
+            missing a stage its row uses.
+    """
+    n_ranks = dist.get_world_size(group)
+    if len(schedule) != n_ranks:
+        raise ValueError(f"the schedule has {len(schedule)} rows for {n_ranks} ranks")
+    wire = _Wire(group, n_ranks)
+    n_stages, m = len(shapes), len(inputs)
+    last = n_stages - 1
+    saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    live: dict[int, int] = {}
+    result = PipelineResult()
+    for a in schedule[wire.me]:
+        if a is None:
+            continue
+        if a.stage not in stages:
+            raise ValueError(f"rank {wire.me} runs {a} but holds stages {sorted(stages)}")
+        s, i = a.stage, a.microbatch
+        if a.op == "F":
+            if s == 0:
+                x = inputs[i]
+            else:
+                x = wire.recv(shapes[s - 1], inputs[i].dtype, s - 1, _tag(s - 1, i, m, False))
+                x.requires_grad_(True)
+            with span(str(a), stage=s, op="F", microbatch=i):
+                y = stages[s](x)
+                if s == last:
+                    y = loss_fn(y, targets[i]) / m  # mean over the whole batch
+                _sleep(compute_s)
+            saved[(s, i)] = (x, y)
+            live[s] = live.get(s, 0) + 1
+            result.peak_in_flight[s] = max(result.peak_in_flight.get(s, 0), live[s])
+            if s < last:
+                wire.send(y, s + 1, _tag(s, i, m, False))
+        else:
+            x, y = saved.pop((s, i))
+            live[s] -= 1
+            dy = None
+            if s < last:
+                dy = wire.recv(shapes[s], y.dtype, s + 1, _tag(s, i, m, True))
+            with span(str(a), stage=s, op="B", microbatch=i):
+                y.backward(dy)
+                _sleep(compute_s)
+            if s == last:
+                result.loss = (result.loss or 0.0) + float(y.detach())
+            if s > 0:
+                wire.send(x.grad, s - 1, _tag(s - 1, i, m, True))
+    wire.finish()
+    result.n_sends = wire.n_sends
+    return result
+
+
+def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
