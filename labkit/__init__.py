@@ -30,11 +30,13 @@ _LAZY_MODULES = {
     "course",
     "data",
     "exercises",
+    "memory",
     "models",
     "parallel",
     "preflight",
     "trace",
     "viz",
+    "widgets",
 }
 _LAZY_ATTRS = {
     "doctor": ("labkit.preflight", "doctor"),
@@ -55,6 +57,7 @@ __all__ = [
     "exercises",
     "get_device",
     "launch",
+    "memory",
     "models",
     "parallel",
     "rank_context",
@@ -63,6 +66,7 @@ __all__ = [
     "shutdown",
     "trace",
     "viz",
+    "widgets",
 ]
 
 

@@ -8,28 +8,40 @@ from __future__ import annotations
 
 from labkit.viz._display import enable_inline_figures
 from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
+from labkit.viz.async_sgd import sgd_loss_curves, staleness_histogram
 from labkit.viz.collectives import collective_diagram, value_origins
+from labkit.viz.ddp import bucket_size_sweep, comm_hook_tradeoff
 from labkit.viz.cost import (
     algbw_busbw,
     algorithm_crossover,
     predicted_vs_measured,
     what_if_scaling,
 )
+from labkit.viz.cost_sweep import predicted_time_sweep
+from labkit.viz.memory import zero_memory_breakdown
 from labkit.viz.p2p import p2p_latency_bandwidth
+from labkit.viz.ring import ring_allreduce_step
 from labkit.viz.timeline import timeline
 
 __all__: list[str] = [
     "algbw_busbw",
     "algorithm_crossover",
     "allreduce_times",
+    "bucket_size_sweep",
     "collective_diagram",
+    "comm_hook_tradeoff",
     "message_diagram",
     "p2p_latency_bandwidth",
+    "predicted_time_sweep",
     "predicted_vs_measured",
+    "ring_allreduce_step",
+    "sgd_loss_curves",
+    "staleness_histogram",
     "timeline",
     "traffic_per_rank",
     "value_origins",
     "what_if_scaling",
+    "zero_memory_breakdown",
 ]
 
 enable_inline_figures()  # show returned Figures in Jupyter without pyplot
