@@ -9,10 +9,15 @@ regression data comes with its true weights, for lessons that need a known answe
 
 from __future__ import annotations
 
-import torch
-from torch.utils.data import TensorDataset
+from typing import TYPE_CHECKING
 
-__all__ = ["digits", "synthetic_regression"]
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+__all__ = ["digits", "shard_loader", "synthetic_regression"]
 
 
 def digits(
@@ -91,3 +96,51 @@ def synthetic_regression(
     x = torch.randn(n_samples, in_features, generator=g)
     y = x @ w.T + b + noise * torch.randn(n_samples, out_features, generator=g)
     return TensorDataset(x, y), w, b
+
+
+def shard_loader(
+    dataset: Dataset,
+    batch_size: int,
+    group: dist.ProcessGroup | None = None,
+    drop_last: bool = False,
+    seed: int = 0,
+    shuffle: bool = True,
+) -> DataLoader:
+    """A DataLoader over this rank's shard of ``dataset`` (a ``DistributedSampler``).
+
+    Introduced in notebooks/06_data_parallel.ipynb.
+
+    The sampler gives rank r of p the indices r, r+p, r+2p, … of a (seeded) permutation. When
+    p does not divide the dataset size it pads by repeating the first indices
+    (``drop_last=False``) or drops the tail (``drop_last=True``), so every rank gets the same
+    number of samples and takes the same number of steps. Call
+    ``loader.sampler.set_epoch(epoch)`` each epoch for a new shuffle.
+
+    Args:
+        dataset: the full dataset (the same on every rank).
+        batch_size: samples per rank per step (the global batch is ``batch_size`` · p).
+        group: the data-parallel process group (None: the default group).
+        drop_last: passed to the ``DistributedSampler`` (drop the tail instead of padding).
+        seed: the shuffle seed (must be the same on every rank).
+        shuffle: shuffle the indices (each epoch, after ``set_epoch``).
+
+    Returns:
+        The DataLoader; ``.sampler`` is the ``DistributedSampler``.
+
+    Raises:
+        ValueError: if the process group is not initialised.
+    """
+    import torch.distributed as dist  # noqa: F811 - at run time, not only for the hint
+    from torch.utils.data.distributed import DistributedSampler
+
+    if not dist.is_initialized():
+        raise ValueError("shard_loader needs an initialised process group (run it in a rank)")
+    sampler = DistributedSampler(
+        dataset,
+        num_replicas=dist.get_world_size(group),
+        rank=dist.get_rank(group),
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+    )
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)

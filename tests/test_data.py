@@ -36,3 +36,9 @@ def test_synthetic_regression_recovers_true_weights():
     torch.testing.assert_close(sol[4], b, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError):
         data.synthetic_regression(0)
+
+
+def test_shard_loader_needs_a_process_group():
+    # In a rank it is exercised by tests/test_parallel_ddp.py (every shard, padding, drop_last).
+    with pytest.raises(ValueError, match="initialised process group"):
+        data.shard_loader(data.digits("test"), 4)
