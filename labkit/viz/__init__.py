@@ -20,6 +20,7 @@ from labkit.viz.cost import (
 from labkit.viz.cost_sweep import predicted_time_sweep
 from labkit.viz.memory import zero_memory_breakdown
 from labkit.viz.p2p import p2p_latency_bandwidth
+from labkit.viz.pipeline import schedule_grid, schedule_vs_timeline
 from labkit.viz.ring import ring_allreduce_step
 from labkit.viz.timeline import timeline
 
@@ -35,6 +36,8 @@ __all__: list[str] = [
     "predicted_time_sweep",
     "predicted_vs_measured",
     "ring_allreduce_step",
+    "schedule_grid",
+    "schedule_vs_timeline",
     "sgd_loss_curves",
     "staleness_histogram",
     "timeline",
