@@ -152,3 +152,46 @@ def test_zero_explorer_controls_call_the_callback():
     size.value = 1e11
     assert explorer.n_params == pytest.approx(1e11)
     assert explorer.breakdown.total_bytes == pytest.approx(memory.per_device_bytes(1e11, 16, 2))
+
+
+# pipeline schedule explorer
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (3, 6)])
+def test_pipeline_explorer_is_the_schedule_library(name, p, m):
+    from labkit.parallel import pipeline as pp
+
+    explorer = lk.widgets.PipelineExplorer(p, m, name, n_virtual=2)
+    v = 2 if name == "interleaved_1f1b" else 1
+    expected = {
+        "gpipe": lambda: pp.gpipe(p, m),
+        "1f1b": lambda: pp.one_f_one_b(p, m),
+        "interleaved_1f1b": lambda: pp.interleaved_one_f_one_b(p, m, 2),
+    }[name]()
+    state = explorer.state
+    assert state["schedule"] == expected
+    assert state["bubble"] == pp.bubble_fraction(expected)
+    assert state["bubble"] == pytest.approx((p - 1) / (v * m + p - 1))  # B = F slots
+    assert state["bubble_theory"] == pp.bubble_fraction_theory(p, m, v)
+    assert state["peak_in_flight"] == pp.peak_in_flight(expected)
+    assert f"bubble {state['bubble']:.1%}" in explorer.text
+    assert isinstance(explorer.figure, Figure)
+
+
+def test_pipeline_explorer_errors_and_controls():
+    with pytest.raises(ValueError, match="multiple"):
+        lk.widgets.PipelineExplorer(4, 6, "interleaved_1f1b")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        lk.widgets.PipelineExplorer(4, 8, "zero_bubble")
+    box = lk.widgets.pipeline_explorer(4, 8, "gpipe")
+    explorer = box.explorer
+    name, sizes = box.children[:2]
+    name.value = "1f1b"
+    assert explorer.schedule_name == "1f1b"
+    assert explorer.state["peak_in_flight"] == {0: 4, 1: 3, 2: 2, 3: 1}  # p − stage
+    name.value = "interleaved_1f1b"
+    sizes.children[1].value = 6  # not a multiple of 4: reported, not raised
+    assert explorer.text.startswith("cannot build this schedule") and explorer.figure is None
+    sizes.children[1].value = 12
+    assert explorer.n_microbatches == 12 and explorer.state["bubble"] == pytest.approx(3 / (2 * 12 + 3))
