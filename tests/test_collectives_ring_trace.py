@@ -75,6 +75,10 @@ def test_other_ops_and_bad_input():
         trace_ring_allreduce(torch.zeros(4))
     with pytest.raises(ValueError, match="unsupported"):
         trace_ring_allreduce(x, op="band")
+    with pytest.raises(TypeError, match="AVG"):
+        trace_ring_allreduce(x.long(), op="avg")
+    avg = trace_ring_allreduce(x, op="avg")
+    torch.testing.assert_close(torch.tensor(avg.result[1]), x.mean(0), rtol=1e-6, atol=1e-6)
 
 
 def _real_states(rank: int, world_size: int, inputs: torch.Tensor) -> dict:

@@ -22,7 +22,7 @@ import torch
 
 from labkit.collectives.counting import P2P, CommStats, count_messages
 from labkit.collectives.expected import chunk_bounds
-from labkit.collectives.ops import finish_, op_name
+from labkit.collectives.ops import finish_, prepare
 from labkit.collectives.ring import _all_gather, _reduce_scatter
 
 __all__ = ["RingStep", "RingTrace", "ThreadP2P", "Transfer", "trace_ring_allreduce"]
@@ -187,8 +187,10 @@ def _run(buffers: list[torch.Tensor], op: str) -> tuple[_Ring, list[CommStats]]:
         t.start()
     for t in threads:
         t.join()
-    if errors:
-        raise errors[0]
+    if errors:  # the first real error, not the broken barrier it left the others with
+        raise next(
+            (e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0]
+        )
     ring._snapshot()  # the final buffers
     return ring, stats  # type: ignore[return-value]
 
@@ -211,11 +213,12 @@ def trace_ring_allreduce(inputs: list[list[float]] | torch.Tensor, op: str = "su
 
     Raises:
         ValueError: no ranks, buffers of different lengths or not 1-D, or an unknown op.
+        TypeError: AVG of an integer tensor (as ``allreduce_ring``).
     """
     rows = torch.as_tensor(inputs) if not isinstance(inputs, torch.Tensor) else inputs
     if rows.dim() != 2 or rows.shape[0] < 1:
         raise ValueError("inputs must hold one 1-D buffer of the same length per rank")
-    name = op_name(op)
+    name = prepare(rows[0], op, None, check=False)  # allreduce_ring's checks, no group
     p, n = rows.shape
     buffers = [rows[r].clone().contiguous() for r in range(p)]
     ring, stats = _run(buffers, name)
