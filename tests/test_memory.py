@@ -36,9 +36,9 @@ PAPER_TABLE_1 = {
         1: ("16000", "16000", "16000"),
         4: ("7000", "5500", "4000"),
         16: ("4750", "2875", "1000"),
-        64: ("4187.5", "2218.75", "250"),
-        256: ("4046.9", "2054.7", "62.5"),
-        1024: ("4011.7", "2013.7", "15.6"),
+        64: ("4187", "2218", "250"),
+        256: ("4046", "2054", "62.5"),
+        1024: ("4011", "2013", "15.6"),
     },
 }
 CELLS = [
@@ -50,18 +50,14 @@ CELLS = [
 
 
 def printed_as(value: float, shown: str) -> bool:
-    """Whether the paper's printed ``shown`` is ``value`` rounded (or cut) to its digits.
+    """Whether ``shown`` is how the paper prints ``value`` (GB) at the digits it shows.
 
-    The paper rounds half up to the digits it prints, except the 128B model at DP 1024, whose
-    513.5 and 257.75 GB it prints cut to 513 and 257.
+    Table 1 rounds values under 100 GB half up (41.25 → 41.3, 1.875 → 1.88, 15.625 → 15.6)
+    and cuts values of 100 GB or more to whole GB (513.5 → 513, 4187.5 → 4187).
     """
-    exp = Decimal(shown).as_tuple().exponent
-    quantum = Decimal(1).scaleb(exp)
-    v = Decimal(repr(value))
-    return Decimal(shown) in (
-        v.quantize(quantum, ROUND_HALF_UP),
-        v.quantize(quantum, ROUND_DOWN),
-    )
+    quantum = Decimal(1).scaleb(Decimal(shown).as_tuple().exponent)
+    mode = ROUND_DOWN if value >= 100 else ROUND_HALF_UP
+    return Decimal(repr(value)).quantize(quantum, mode) == Decimal(shown)
 
 
 @pytest.mark.parametrize("stage", memory.STAGES)
@@ -79,18 +75,22 @@ def test_worked_example_exact_values():
 def test_every_cell_of_table_1(psi, nd, stage, shown):
     gb = memory.per_device_bytes(psi, nd, stage) / memory.GB
     assert printed_as(gb, shown), (psi, nd, stage, gb, shown)
-    assert abs(gb - float(shown)) < float(Decimal(1).scaleb(Decimal(shown).as_tuple().exponent))
 
 
 def test_table_1_cells_are_not_all_rounded_alike():
-    # The cells the paper cuts instead of rounding (so printed_as needs both modes)
+    # Cut, not rounded (so printed_as needs both modes)
     assert memory.per_device_bytes(128e9, 1024, 1) / memory.GB == 513.5
     assert memory.per_device_bytes(128e9, 1024, 2) / memory.GB == 257.75
+    assert memory.per_device_bytes(1e12, 64, 2) / memory.GB == 2218.75
+    assert memory.per_device_bytes(7.5e9, 4, 2) / memory.GB == 41.25  # printed 41.3
 
 
-def test_printed_as_rejects_a_wrong_cell():
-    assert not printed_as(31.40625, "31.5")
-    assert not printed_as(16.640625, "16.7")
+@pytest.mark.parametrize(("psi", "nd", "stage", "shown"), CELLS)
+def test_a_cell_off_by_one_printed_digit_fails(psi, nd, stage, shown):
+    gb = memory.per_device_bytes(psi, nd, stage) / memory.GB
+    unit = Decimal(1).scaleb(Decimal(shown).as_tuple().exponent)
+    for wrong in (Decimal(shown) + unit, Decimal(shown) - unit):
+        assert not printed_as(gb, str(wrong))
 
 
 def test_gpt2_needs_24_gb():
