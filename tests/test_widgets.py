@@ -194,4 +194,6 @@ def test_pipeline_explorer_errors_and_controls():
     sizes.children[1].value = 6  # not a multiple of 4: reported, not raised
     assert explorer.text.startswith("cannot build this schedule") and explorer.figure is None
     sizes.children[1].value = 12
-    assert explorer.n_microbatches == 12 and explorer.state["bubble"] == pytest.approx(3 / (2 * 12 + 3))
+    assert explorer.n_microbatches == 12 and explorer.state["bubble"] == pytest.approx(
+        3 / (2 * 12 + 3)
+    )
