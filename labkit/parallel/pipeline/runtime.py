@@ -104,11 +104,11 @@ class _Wire:
         self.pending.append(dist.isend(t, group=self.group, group_dst=dst, tag=tag))
         self.n_sends += 1
 
-    def recv(self, shape: Sequence[int], dtype: torch.dtype, from_stage: int, tag: int):
+    def recv(self, like: torch.Tensor, shape: Sequence[int], from_stage: int, tag: int):
         src = rank_of_stage(from_stage, self.n_ranks)
         if src == self.me:
             return self.local.pop(tag)
-        buf = torch.empty(tuple(shape), dtype=dtype)
+        buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
         with span("recv", kind=COMM, peer=src, tag=tag):
             dist.irecv(buf, group=self.group, group_src=src, tag=tag).wait()
         return buf
@@ -141,7 +141,8 @@ def run_schedule(
         schedule: per rank of ``group``, one entry per slot; should pass ``validate``.
         stages: stage index → module, for the stages this rank holds
             (``stages_of_rank``); a stage's output feeds the next stage.
-        inputs: the micro-batches (used where stage 0 lives).
+        inputs: the micro-batches (used where stage 0 lives; every rank reads their dtype
+            and device for its receive buffers).
         targets: the micro-batches' targets (used where the last stage lives).
         loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
         shapes: ``shapes[s]`` is stage ``s``'s output shape for one micro-batch
@@ -178,7 +179,7 @@ def run_schedule(
             if s == 0:
                 x = inputs[i]
             else:
-                x = wire.recv(shapes[s - 1], inputs[i].dtype, s - 1, _tag(s - 1, i, m, False))
+                x = wire.recv(inputs[i], shapes[s - 1], s - 1, _tag(s - 1, i, m, False))
                 x.requires_grad_(True)
             with span(str(a), stage=s, op="F", microbatch=i):
                 y = stages[s](x)
@@ -195,7 +196,7 @@ def run_schedule(
             live[s] -= 1
             dy = None
             if s < last:
-                dy = wire.recv(shapes[s], y.dtype, s + 1, _tag(s, i, m, True))
+                dy = wire.recv(y, shapes[s], s + 1, _tag(s, i, m, True))
             with span(str(a), stage=s, op="B", microbatch=i):
                 y.backward(dy)
                 _sleep(compute_s)
