@@ -129,11 +129,17 @@ def _assert_equal_to_reference(grads, loss, reference) -> None:
     assert loss == pytest.approx(ref_loss, rel=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("world_size", "index"),
-    [(p, i) for p in CASES for i in range(len(CASES[p]))],
-    ids=[f"p{p}-{c}" for p in CASES for c in _case_ids(CASES[p])],
-)
+def _params(cases: dict) -> list:
+    """One test per (world size, case); the 4-rank launch is marked slow (~10 s on 2 cores)."""
+    marks = {4: pytest.mark.slow}
+    return [
+        pytest.param(p, i, id=f"p{p}-{c}", marks=marks.get(p, ()))
+        for p in cases
+        for i, c in enumerate(_case_ids(cases[p]))
+    ]
+
+
+@pytest.mark.parametrize(("world_size", "index"), _params(CASES))
 def test_labkit_runtime_equals_one_process(world_size, index, reference) -> None:
     case, _ = _runs(world_size)[0]["labkit"][index]
     kind, m, v = case
@@ -157,11 +163,7 @@ def test_labkit_runtime_equals_one_process(world_size, index, reference) -> None
         assert all(max(o["res"].peak_in_flight.values()) <= world_size for o in per_rank)
 
 
-@pytest.mark.parametrize(
-    ("world_size", "index"),
-    [(p, i) for p in TORCH_CASES for i in range(len(TORCH_CASES[p]))],
-    ids=[f"p{p}-{c}" for p in TORCH_CASES for c in _case_ids(TORCH_CASES[p])],
-)
+@pytest.mark.parametrize(("world_size", "index"), _params(TORCH_CASES))
 def test_torch_pipelining_equals_one_process(world_size, index, reference) -> None:
     per_rank = [r["torch"][index][1] for r in _runs(world_size)]
     losses = [o["loss"] for o in per_rank if o["loss"] is not None]
