@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Modules that register exercises; imported on first use.
-_MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb11")
+_MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb08", "nb11")
 
 
 class ExerciseFailed(AssertionError):

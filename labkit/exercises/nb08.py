@@ -1,0 +1,161 @@
+"""Exercises of notebooks/08_sync_vs_async.ipynb.
+
+Introduced in notebooks/08_sync_vs_async.ipynb.
+
+``08_apply_gradient``: write the parameter server's step — apply a pushed gradient to the
+server's parameters in place and measure its staleness (server version − the version the
+gradient was computed on; Lian et al. 2015). The checker tries it on known numbers in this
+process, then plugs it into ``lk.parallel.async_sgd.parameter_server``: with one worker the run
+must equal sequential SGD bit for bit with staleness 0; with two workers every staleness must
+be ≥ 0 and the versions must count 1, 2, 3, ...
+
+``08_average_parameters``: write local SGD's averaging step (Stich 2019, Algorithm 1). The
+checker runs it on 3 ranks holding different parameters (every rank must end with their mean),
+then plugs it into ``local_sgd`` with H = 1, which must give sync SGD's parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from labkit.exercises import ExerciseFailed, exercise
+from labkit.exercises._failures import first_cause
+from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.parallel.async_sgd import (
+    apply_gradient,
+    average_parameters,
+    local_sgd,
+    parameter_server,
+    reference_sgd,
+    regression_problem,
+    sync_sgd,
+)
+
+TIMEOUT_S = 60.0  # per launch; a correct answer takes a second
+UPDATES = 8
+
+APPLY_PROMPT = """Write `my_apply_gradient(theta, version, grad, grad_version, lr)`: the server's
+step. Update `theta` in place (θ ← θ − lr·g) and return `(new_version, staleness)` where
+new_version = version + 1 and staleness = version − grad_version (measured before counting
+this update)."""
+
+AVERAGE_PROMPT = """Write `my_average_parameters(theta, group=None)`: replace `theta` on every
+rank, in place, by the mean of all ranks' `theta` (one all_reduce, then divide by the group's
+size)."""
+
+
+def _launch(fn: Callable[..., Any], world_size: int, args: tuple, what: str) -> list[Any]:
+    try:
+        return launch(fn, world_size, backend="gloo", device="cpu", args=args, timeout=TIMEOUT_S)
+    except LaunchTimeout as exc:
+        raise ExerciseFailed(f"{what} on {world_size} ranks did not finish:\n{exc}") from exc
+    except RankError as exc:
+        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
+            raise  # not attempted: check() runs the reference instead
+        raise ExerciseFailed(f"{what} on {world_size} ranks: {first_cause(exc)}") from exc
+
+
+def _serve(rank: int, world_size: int, fn: Callable[..., Any], problem) -> Any:
+    return parameter_server(problem, UPDATES, apply_fn=fn)
+
+
+def _apply_by_hand(fn: Callable[..., Any]) -> None:
+    theta, grad = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.5, 1.0, -1.0])
+    before = theta
+    result = fn(theta, 7, grad, 4, 0.1)
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise ExerciseFailed(f"return (new_version, staleness), a pair; got {result!r}")
+    version, staleness = (int(v) for v in result)
+    if version != 8:
+        raise ExerciseFailed(f"after version 7 the server is at version 8, you returned {version}")
+    if staleness != 3:
+        raise ExerciseFailed(
+            f"a gradient computed on version 4 and applied at version 7 is 3 updates stale "
+            f"(measure before counting this update); you returned {staleness}"
+        )
+    want = torch.tensor([0.95, -2.1, 0.6])
+    if not torch.allclose(before, want, rtol=0, atol=1e-6):
+        raise ExerciseFailed(
+            f"theta should be updated in place to θ − lr·g = {want.tolist()}, but the tensor "
+            f"passed in holds {before.tolist()} (assign with theta.add_/sub_, not theta = ...)"
+        )
+
+
+@exercise("08_apply_gradient", reference=apply_gradient, prompt=APPLY_PROMPT)
+def check_apply_gradient(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Check the server's step by hand, then inside the parameter server on 2 and 3 ranks.
+
+    Introduced in notebooks/08_sync_vs_async.ipynb.
+
+    Args:
+        fn: the learner's ``fn(theta, version, grad, grad_version, lr) -> (version, staleness)``.
+
+    Returns:
+        ``{"updates": 8, "staleness_3_ranks": [...]}``: what the two-worker run measured.
+
+    Raises:
+        ExerciseFailed: a wrong version, staleness or update; or the run failed.
+    """
+    _apply_by_hand(fn)
+    problem = regression_problem(n_samples=128)
+    one = _launch(_serve, 2, (fn, problem), "the parameter server with one worker")[0]
+    ref, _ = reference_sgd(problem, [[(1, k)] for k in range(UPDATES)])
+    if one.staleness != [0] * UPDATES:
+        raise ExerciseFailed(f"with one worker every staleness is 0; measured {one.staleness}")
+    if not torch.equal(one.params, ref):
+        gap = float((one.params - ref).abs().max())
+        raise ExerciseFailed(f"one worker must be sequential SGD exactly; max difference {gap}")
+    two = _launch(_serve, 3, (fn, problem), "the parameter server with two workers")[0]
+    if two.update != list(range(1, UPDATES + 1)) or min(two.staleness) < 0:
+        raise ExerciseFailed(
+            f"versions must count 1..{UPDATES} and staleness be ≥ 0; measured versions "
+            f"{two.update}, staleness {two.staleness}"
+        )
+    return {"updates": UPDATES, "staleness_3_ranks": two.staleness}
+
+
+def _average(rank: int, world_size: int, fn: Callable[..., Any]) -> torch.Tensor:
+    theta = torch.arange(4, dtype=torch.float32) * (rank + 1) + rank
+    fn(theta, None)
+    dist.barrier()
+    return theta
+
+
+def _local_vs_sync(rank: int, world_size: int, fn: Callable[..., Any], problem) -> Any:
+    local = local_sgd(problem, 4, 1, average_fn=fn)
+    return local.params, sync_sgd(problem, 4).params
+
+
+@exercise("08_average_parameters", reference=average_parameters, prompt=AVERAGE_PROMPT)
+def check_average_parameters(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Check parameter averaging on 3 ranks, then local SGD with H = 1 against sync SGD.
+
+    Introduced in notebooks/08_sync_vs_async.ipynb.
+
+    Args:
+        fn: the learner's ``fn(theta, group=None)``, averaging ``theta`` in place.
+
+    Returns:
+        ``{"world_size": 3, "mean": [...]}``.
+
+    Raises:
+        ExerciseFailed: a rank does not hold the mean, or local SGD (H = 1) ≠ sync SGD.
+    """
+    got = _launch(_average, 3, (fn,), "averaging")
+    inputs = [torch.arange(4, dtype=torch.float32) * (r + 1) + r for r in range(3)]
+    want = torch.stack(inputs).mean(0)
+    for rank, theta in enumerate(got):
+        if not torch.allclose(theta, want, rtol=1e-6, atol=1e-6):
+            raise ExerciseFailed(
+                f"rank {rank} holds {theta.tolist()}, the mean of the ranks' inputs is "
+                f"{want.tolist()} (sum with all_reduce, then divide by the group's size)"
+            )
+    problem = regression_problem(n_samples=128)
+    local, sync = _launch(_local_vs_sync, 2, (fn, problem), "local SGD with H = 1")[0]
+    if not torch.allclose(local, sync, rtol=1e-5, atol=1e-6):
+        raise ExerciseFailed("local SGD with H = 1 must take the same steps as sync SGD")
+    return {"world_size": 3, "mean": want.tolist()}
