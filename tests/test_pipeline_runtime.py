@@ -83,10 +83,27 @@ def _torch_case(rank: int, p: int, kind: str, m: int, v: int) -> dict:
     return {"loss": loss, "grads": _grads_of(model, [parts[s] for s in ids])}
 
 
+def _two_pipelines(rank: int) -> dict:
+    """Ranks {0, 2} and {1, 3} each run a 2-stage 1F1B pipeline in their own group."""
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank creates both
+    group = groups[rank % 2]
+    model, (x, y) = _model(), _batch()
+    parts = pp.split_sequential(model, 2)
+    xs, ys = list(x.chunk(4)), list(y.chunk(4))
+    stage = dist.get_rank(group)
+    res = pp.run_schedule(
+        pp.one_f_one_b(2, 4), {stage: parts[stage]}, xs, ys, F.cross_entropy,
+        pp.output_shapes(parts, xs[0]), group=group,
+    )  # fmt: skip
+    dist.barrier()
+    return {"res": res, "grads": _grads_of(model, [parts[stage]])}
+
+
 def _all_cases(rank: int, world_size: int) -> dict:
     return {
         "labkit": [(c, _labkit_case(rank, world_size, *c)) for c in CASES[world_size]],
         "torch": [(c, _torch_case(rank, world_size, *c)) for c in TORCH_CASES[world_size]],
+        "groups": _two_pipelines(rank) if world_size == 4 else None,
     }
 
 
@@ -169,6 +186,16 @@ def test_torch_pipelining_equals_one_process(world_size, index, reference) -> No
     losses = [o["loss"] for o in per_rank if o["loss"] is not None]
     assert len(losses) == 1
     _assert_equal_to_reference(_merged(per_rank), losses[0], reference)
+
+
+@pytest.mark.slow
+def test_two_pipelines_in_their_own_groups(reference) -> None:
+    out = [r["groups"] for r in _runs(4)]
+    for ranks in ([0, 2], [1, 3]):
+        per_rank = [out[r] for r in ranks]
+        losses = [o["res"].loss for o in per_rank if o["res"].loss is not None]
+        _assert_equal_to_reference(_merged(per_rank), losses[0], reference)
+        assert [o["res"].n_sends for o in per_rank] == [4, 4]
 
 
 def test_split_sequential_shares_layers_and_balances() -> None:
