@@ -34,6 +34,7 @@ _LAZY_MODULES = {
     "models",
     "parallel",
     "preflight",
+    "ranks",
     "trace",
     "viz",
     "widgets",
@@ -41,6 +42,7 @@ _LAZY_MODULES = {
 _LAZY_ATTRS = {
     "doctor": ("labkit.preflight", "doctor"),
     "Network": ("labkit.costmodel", "Network"),
+    "World": ("labkit.ranks", "World"),
 }
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "LaunchTimeout",
     "Network",
     "RankError",
+    "World",
     "backends",
     "bench",
     "collectives",
@@ -61,6 +64,7 @@ __all__ = [
     "models",
     "parallel",
     "rank_context",
+    "ranks",
     "record",
     "recorded",
     "shutdown",
@@ -81,3 +85,29 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")
+
+
+def load_ipython_extension(ip) -> None:
+    """``%load_ext labkit``: register the ``%ranks`` / ``%%ranks`` magics (see docs/ranks.md).
+
+    Introduced in tests/notebooks/ranks_magic.ipynb.
+
+    Args:
+        ip: the running IPython shell.
+    """
+    from labkit.ranks.magic import load  # IPython is imported only here
+
+    load(ip)
+
+
+def unload_ipython_extension(ip) -> None:
+    """``%unload_ext labkit``: stop the running world, if any.
+
+    Args:
+        ip: the running IPython shell.
+    """
+    from labkit.ranks.world import current_world
+
+    world = current_world()
+    if world is not None:
+        world.close()
