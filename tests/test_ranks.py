@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -129,6 +130,17 @@ def test_close_leaves_no_process():
     w.close()
     w.close()  # twice is fine
     assert gone(pids, within_s=5)
+
+
+def test_a_dropped_world_stops_its_ranks():
+    dropped = lk.World(world_size=2)
+    pids = dropped.pids
+    newest = lk.World(world_size=2)  # the magic's world now; the first one is unreferenced
+    del dropped
+    gc.collect()
+    assert gone(pids, within_s=5)
+    assert newest.alive
+    newest.close()
 
 
 KEEP_WORLD = """

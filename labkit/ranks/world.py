@@ -17,7 +17,6 @@ Why not ipyparallel or nbdistributed: docs/ranks.md has the measurements.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import linecache
 import os
@@ -36,7 +35,6 @@ from labkit.ranks.cells import CellResult, RankOutput, stopped_error, timeout_er
 
 STOP_GRACE_S = 2.0  # a stopping rank gets this long to leave its group before SIGKILL
 INTERRUPT_GRACE_S = 2.0  # after Ctrl-C, how long ranks get to abandon the cell
-_worlds: weakref.WeakSet = weakref.WeakSet()
 _current: World | None = None
 
 
@@ -101,7 +99,8 @@ class World:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
         self._run = run
-        _worlds.add(self)
+        # Stops the ranks if this object is dropped without close(), and at interpreter exit.
+        self._finalizer = weakref.finalize(self, _stop, run, self._dir, 0.0)
         _current = self
 
     # -- state ----------------------------------------------------------------------------
@@ -211,13 +210,9 @@ class World:
         run, self._run = self._run, None
         if _current is self:
             _current = None
-        if run is None:
-            return
-        with _lock:
-            try:
-                run.stop(grace_s)
-            finally:
-                shutil.rmtree(self._dir, ignore_errors=True)
+        if run is not None:
+            self._finalizer.detach()
+            _stop(run, self._dir, grace_s)
 
     # -- internals ------------------------------------------------------------------------
     def _targets(self, ranks: list[int] | None) -> list[int]:
@@ -306,7 +301,9 @@ def current_world() -> World | None:
     return _current if _current is not None and _current.alive else None
 
 
-@atexit.register
-def _close_all() -> None:
-    for world in list(_worlds):
-        world.close()
+def _stop(run: WorldRun, folder: str, grace_s: float) -> None:
+    with _lock:
+        try:
+            run.stop(grace_s)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
