@@ -15,7 +15,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}  # float32: micro-batch sums reorder the addi
 BATCH = 16
 # (schedule, n_microbatches, n_virtual) per world size; interleaved needs m % p == 0
 CASES = {
-    2: [("gpipe", 4, 1), ("1f1b", 4, 1), ("1f1b", 1, 1), ("interleaved", 4, 2)],
+    2: [("gpipe", 4, 1), ("1f1b", 4, 1), ("1f1b", 1, 1), ("interleaved", 4, 2), ("swapped", 4, 1)],
     4: [("gpipe", 4, 1), ("1f1b", 4, 1), ("gpipe", 8, 1), ("1f1b", 8, 1), ("interleaved", 8, 2)],
 }
 TORCH_CASES = {2: [("gpipe", 4, 1), ("1f1b", 4, 1), ("interleaved", 4, 2)], 4: [("1f1b", 8, 1)]}
@@ -30,7 +30,17 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, 12, generator=g), torch.randint(0, 5, (BATCH,), generator=g)
 
 
+def swapped_gpipe(p: int, m: int) -> pp.Schedule:
+    """GPipe whose last stage runs micro-batch 1 before 0: valid, received out of send order."""
+    orders = [[pp.Action(s, "F", i) for i in range(m)] for s in range(p)]
+    orders[-1][0], orders[-1][1] = orders[-1][1], orders[-1][0]
+    orders = [o + [pp.Action(s, "B", i) for i in range(m)] for s, o in enumerate(orders)]
+    return pp.place(orders, p)
+
+
 def _schedule(kind: str, p: int, m: int, v: int) -> pp.Schedule:
+    if kind == "swapped":
+        return swapped_gpipe(p, m)
     if kind == "interleaved":
         return pp.interleaved_one_f_one_b(p, m, v)
     return {"gpipe": pp.gpipe, "1f1b": pp.one_f_one_b}[kind](p, m)
@@ -174,8 +184,11 @@ def test_labkit_runtime_equals_one_process(world_size, index, reference) -> None
         stages = pp.stages_of_rank(rank, world_size, n_stages)
         sends = m * (sum(s < n_stages - 1 for s in stages) + sum(s > 0 for s in stages))
         assert res.n_sends == sends == out["recorded_sends"]
-    if kind == "gpipe":
+    if kind in ("gpipe", "swapped"):
         assert all(o["res"].peak_in_flight == {r: m} for r, o in enumerate(per_rank))
+    # generated schedules keep each pair's messages in order (NCCL needs it); gloo's tags
+    # let the swapped one run too
+    assert pp.messages_in_order(schedule, n_stages) == (kind != "swapped")
     if kind == "1f1b":
         assert all(max(o["res"].peak_in_flight.values()) <= world_size for o in per_rank)
 
@@ -225,3 +238,24 @@ def test_run_schedule_rejects_a_schedule_for_another_world_size() -> None:
 
     out = lk.launch(fn, world_size=2, backend="gloo", device="cpu", timeout=60)
     assert out == ["the schedule has 3 rows for 2 ranks"] * 2
+
+
+def test_run_schedule_refuses_out_of_order_messages_without_tags() -> None:
+    def fn(rank, world_size):
+        parts = pp.split_sequential(_model(), 2)
+        x, y = _batch()
+        xs, ys = list(x.chunk(4)), list(y.chunk(4))
+        get_backend = dist.get_backend
+        dist.get_backend = lambda group=None: "nccl"  # NCCL matches in order, ignoring tags
+        try:
+            shapes = pp.output_shapes(parts, xs[0])
+            pp.run_schedule(swapped_gpipe(2, 4), {rank: parts[rank]}, xs, ys, F.cross_entropy,
+                            shapes)  # fmt: skip
+        except ValueError as exc:
+            return str(exc)
+        finally:
+            dist.get_backend = get_backend
+        return "no error"
+
+    out = lk.launch(fn, world_size=2, backend="gloo", device="cpu", timeout=60)
+    assert all("receives some messages out of order" in msg for msg in out)

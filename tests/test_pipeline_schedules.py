@@ -12,6 +12,7 @@ from labkit.parallel.pipeline import (
     format_schedule,
     gpipe,
     interleaved_one_f_one_b,
+    messages_in_order,
     one_f_one_b,
     peak_in_flight,
     peak_in_flight_theory,
@@ -73,6 +74,23 @@ def test_in_flight_gpipe_holds_m_and_1f1b_at_most_p(p, m) -> None:
         assert g[s] == peak_in_flight_theory("gpipe", s, p, m)
         assert f[s] == peak_in_flight_theory("1f1b", s, p, m)
     assert f[0] == min(p, m)
+
+
+def test_generated_schedules_receive_messages_in_send_order() -> None:
+    for p in (2, 3, 4):
+        for m in (p, 2 * p):
+            assert messages_in_order(gpipe(p, m), p)
+            assert messages_in_order(one_f_one_b(p, m), p)
+            for v in (2, 3):
+                assert messages_in_order(interleaved_one_f_one_b(p, m, v), p * v)
+    # rank 1 takes micro-batch 1 before 0: valid, but its receives are out of send order
+    orders = [
+        [Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)],
+        [Action(1, "F", 1), Action(1, "F", 0), Action(1, "B", 0), Action(1, "B", 1)],
+    ]
+    s = place(orders, 2)
+    validate(s, 2, 2)
+    assert not messages_in_order(s, 2)
 
 
 def test_text_grid() -> None:

@@ -36,6 +36,7 @@ from labkit.parallel.pipeline.validate import ScheduleError, validate
 
 _RUNTIME = {
     "PipelineResult",
+    "messages_in_order",
     "output_shapes",
     "run_schedule",
     "split_sequential",
@@ -53,6 +54,7 @@ __all__ = [
     "gpipe",
     "interleaved_one_f_one_b",
     "measured_bubble_fraction",
+    "messages_in_order",
     "one_f_one_b",
     "output_shapes",
     "peak_in_flight",

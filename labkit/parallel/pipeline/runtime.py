@@ -13,7 +13,9 @@ gradients accumulate over micro-batches — and sends the input's gradient back.
 Why it cannot deadlock: sends are non-blocking (``isend``, completed at the end of the
 step) and every receive waits for an action that a valid schedule puts in an earlier slot,
 which itself only waits for earlier slots. Messages carry a tag naming the stage boundary,
-the micro-batch and the direction, so a receive matches its send whatever order they travel.
+the micro-batch and the direction, so on gloo a receive matches its send whatever order they
+travel; backends that ignore tags (NCCL) need ``messages_in_order``, which every generated
+schedule satisfies.
 
 Each action is recorded as a ``lk.trace.span`` named after it (``"1F0"``, kind ``"compute"``,
 with ``stage``, ``op``, ``microbatch`` arguments) and each wait for a message as a span of
@@ -36,6 +38,7 @@ from labkit.trace import COMM, span
 
 __all__ = [
     "PipelineResult",
+    "messages_in_order",
     "output_shapes",
     "run_schedule",
     "split_sequential",
@@ -78,6 +81,43 @@ def stages_of_rank(rank: int, n_ranks: int, n_stages: int) -> list[int]:
     if n_ranks < 1 or n_stages < 1 or n_stages % n_ranks:
         raise ValueError(f"n_stages ({n_stages}) must be a positive multiple of {n_ranks=}")
     return list(range(rank, n_stages, n_ranks))
+
+
+def messages_in_order(schedule: Sequence[Sequence[Action | None]], n_stages: int) -> bool:
+    """Whether, between every pair of ranks, messages are received in the order they are sent.
+
+    Introduced in notebooks/11_pipeline_parallel.ipynb.
+
+    gloo matches a receive to its send by tag, so any valid schedule runs on it; NCCL ignores
+    tags and matches sends and receives between two ranks in order, so it needs this. Every
+    generator in ``labkit.parallel.pipeline.schedules`` produces such schedules.
+
+    Args:
+        schedule: per rank, one entry per slot.
+        n_stages: total stages (virtual stages included).
+
+    Returns:
+        bool: True when each (sender, receiver) pair's send order equals its receive order.
+    """
+    p = len(schedule)
+    sent: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}
+    received: dict[tuple[int, int], list[tuple[int, int, bool]]] = {}
+    for r, row in enumerate(schedule):
+        for a in row:
+            if a is None:
+                continue
+            s, i, fwd = a.stage, a.microbatch, a.op == "F"
+            src, dst = (s - 1, s + 1) if fwd else (s + 1, s - 1)  # stage in, stage out
+            if 0 <= src < n_stages and src % p != r:
+                received.setdefault((src % p, r), []).append((min(s, src), i, not fwd))
+            if 0 <= dst < n_stages and dst % p != r:
+                sent.setdefault((r, dst % p), []).append((min(s, dst), i, not fwd))
+    return sent == received
+
+
+# Backends that match a receive to its send by tag (labkit's wrappers pass tags on to their
+# inner backend, gloo unless LABKIT_RECORD_INNER / the simnet spec says otherwise).
+_TAGGED = frozenset({"gloo", "mpi", "labkit_record", "labkit_simnet"})
 
 
 def _tag(stage: int, microbatch: int, n_microbatches: int, grad: bool) -> int:
@@ -157,12 +197,19 @@ def run_schedule(
         messages sent.
 
     Raises:
-        ValueError: the schedule's row count differs from the group size, or this rank is
-            missing a stage its row uses.
+        ValueError: the schedule's row count differs from the group size, this rank is
+            missing a stage its row uses, or the backend may ignore tags (e.g. NCCL; gloo
+            honours them) and the schedule receives some pair's messages out of order
+            (``messages_in_order``).
     """
     n_ranks = dist.get_world_size(group)
     if len(schedule) != n_ranks:
         raise ValueError(f"the schedule has {len(schedule)} rows for {n_ranks} ranks")
+    if dist.get_backend(group) not in _TAGGED and not messages_in_order(schedule, len(shapes)):
+        raise ValueError(
+            f"backend {dist.get_backend(group)!r} may match messages in order only (NCCL "
+            "ignores tags), and this schedule receives some messages out of order; use gloo"
+        )
     wire = _Wire(group, n_ranks)
     n_stages, m = len(shapes), len(inputs)
     last = n_stages - 1
