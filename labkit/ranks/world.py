@@ -78,10 +78,10 @@ class World:
         self._cells = itertools.count(1)
         self._run: WorldRun | None = None
         # A private folder (0700) for the socket: only this user's processes can connect.
-        self._dir = tempfile.mkdtemp(prefix="labkit-world-")
+        folder = tempfile.mkdtemp(prefix="labkit-world-")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            address = os.path.join(self._dir, "cells")
+            address = os.path.join(folder, "cells")
             listener.bind(address)
             listener.listen(self.world_size)
             payload = pickle_call(serve, (address,), {}, self._plan.backend_spec)
@@ -94,13 +94,14 @@ class World:
                 except BaseException:
                     run.stop(0.0)
                     raise
-        except BaseException:
+        finally:
+            # Every rank has connected (or the start failed): the socket's path is not needed
+            # any more, and removing it now leaves nothing in /tmp even if the kernel is killed.
             listener.close()
-            shutil.rmtree(self._dir, ignore_errors=True)
-            raise
+            shutil.rmtree(folder, ignore_errors=True)
         self._run = run
         # Stops the ranks if this object is dropped without close(), and at interpreter exit.
-        self._finalizer = weakref.finalize(self, _stop, run, self._dir, 0.0)
+        self._finalizer = weakref.finalize(self, _stop, run, 0.0)
         _current = self
 
     # -- state ----------------------------------------------------------------------------
@@ -212,7 +213,7 @@ class World:
             _current = None
         if run is not None:
             self._finalizer.detach()
-            _stop(run, self._dir, grace_s)
+            _stop(run, grace_s)
 
     # -- internals ------------------------------------------------------------------------
     def _targets(self, ranks: list[int] | None) -> list[int]:
@@ -301,9 +302,6 @@ def current_world() -> World | None:
     return _current if _current is not None and _current.alive else None
 
 
-def _stop(run: WorldRun, folder: str, grace_s: float) -> None:
+def _stop(run: WorldRun, grace_s: float) -> None:
     with _lock:
-        try:
-            run.stop(grace_s)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        run.stop(grace_s)
