@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +97,18 @@ def test_push_sends_values_and_functions(world):
     world.run("y = fn(torch.ones(2) * scale * rank)", show=False)
     for rank, y in enumerate(world.pull("y")):
         torch.testing.assert_close(y, torch.full((2,), 6.0 * rank), rtol=0, atol=0)
+
+
+def test_ctrl_c_interrupts_the_cell_and_keeps_the_world(world):
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            world.run("import time\nfor _ in range(200):\n    time.sleep(0.05)", show=False)
+    finally:
+        timer.join()
+    assert world.alive
+    world.run("dist.barrier()", show=False)
 
 
 def test_subset_collective_times_out_with_stacks_and_stops():
@@ -185,7 +198,9 @@ def test_magics_in_an_ipython_shell(capsys):
         shown = capsys.readouterr().out
         assert "CellError: rank 1 raised ZeroDivisionError" in shown
         assert "[rank 0] -1.0" in shown and "interactiveshell" not in shown
-        assert ip.run_cell("%%ranks 0,1\nv").success  # still usable
+        assert ip.run_cell("%%ranks 0,1 --timeout 30\nv").success  # still usable
+        bad = ip.run_cell("%%ranks 0,5\nv")
+        assert "ranks in 0..1" in str(bad.error_in_exec)
         assert ip.run_cell("%ranks status").success
         assert str(pids) in capsys.readouterr().out
         assert ip.run_cell("%ranks stop").success
