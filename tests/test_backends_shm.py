@@ -134,3 +134,23 @@ def test_launch_by_name_gives_a_labkit_shm_world():
     for backend, group_name, name, cls in lk.launch(_info, world_size=2, backend="labkit_shm"):
         assert (backend, name, cls) == ("labkit_shm", "labkit_shm", "ShmProcessGroup")
         assert group_name  # init_device_mesh needs the name torch assigned
+
+
+def _blocking_vs_polling(rank, world_size):
+    pg = dist.group.WORLD
+    x = torch.arange(600_000, dtype=torch.float32) * (rank + 1)  # 2.4 MB: several rounds
+    blocking = x.clone()
+    dist.all_reduce(blocking)
+    pg._rounds._addr = None  # wait the way it does where futexes are missing
+    polling = x.clone()
+    dist.all_reduce(polling)
+    dist.barrier()
+    return blocking, polling
+
+
+def test_waiting_with_futexes_or_by_polling_gives_the_same_bits():
+    out = lk.launch(_blocking_vs_polling, world_size=3, backend="labkit_shm")
+    want = torch.arange(600_000, dtype=torch.float32) * 6
+    for blocking, polling in out:
+        torch.testing.assert_close(blocking, want, rtol=0, atol=0)
+        assert torch.equal(blocking, polling)

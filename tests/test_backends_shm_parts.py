@@ -5,11 +5,15 @@ how chunks are cut into pieces, the segment layout and its fallback when /dev/sh
 from __future__ import annotations
 
 import errno
+import mmap
 import os
+import threading
+import time
 
 import pytest
+import torch
 
-from labkit.backends._shm import segment
+from labkit.backends._shm import futex, segment
 from labkit.backends._shm.collectives import pieces
 from labkit.backends._shm.describe import (
     KINDS,
@@ -132,3 +136,41 @@ def test_a_small_dev_shm_gets_smaller_slots_then_a_clear_error(monkeypatch):
 
 def _segments() -> set[str]:
     return {f for f in os.listdir(segment.SHM_DIR) if f.startswith(segment.PREFIX)}
+
+
+needs_futex = pytest.mark.skipif(not futex.AVAILABLE, reason="no futexes on this platform")
+
+
+def _word() -> tuple[mmap.mmap, torch.Tensor, int]:
+    mm = mmap.mmap(-1, 4096)  # shared, like a segment
+    words = torch.frombuffer(mm, dtype=torch.int64)
+    return mm, words, words.data_ptr()
+
+
+@needs_futex
+def test_futex_wait_returns_when_the_word_no_longer_holds_the_value():
+    _mm, words, addr = _word()
+    words[0] = 5
+    futex.wait(addr, 4, futex.timespec(60.0))  # 5 != 4: returns at once instead of sleeping
+    words[0] = (7 << 32) + 3  # only the low 32 bits count
+    futex.wait(addr, 2, futex.timespec(60.0))
+    futex.wait(addr, 3, futex.timespec(0.001))  # holds 3: sleeps until the timeout
+
+
+@needs_futex
+def test_futex_wake_ends_a_wait_of_another_thread():
+    _mm, words, addr = _word()
+    done = threading.Event()
+
+    def sleeper():
+        while words[0] == 0:
+            futex.wait(addr, 0, futex.timespec(60.0))
+        done.set()
+
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    time.sleep(0.05)  # let it block (if it has not yet, its wait returns at once)
+    words[0] = 1
+    futex.wake(addr)
+    assert done.wait(30.0), "the sleeping thread was not woken"
+    t.join()

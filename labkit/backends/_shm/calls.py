@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.backends._pg_util import describe
+from labkit.backends._shm import allreduce
 from labkit.backends._shm import collectives as algo
 from labkit.backends._shm.describe import OpDesc
 
@@ -51,7 +52,7 @@ class CollectiveCalls:
 
         def run():
             f = _Flat(t)
-            algo.all_reduce(self._ex, f.flat, op, desc)
+            allreduce.all_reduce(self._ex, f.flat, op, desc)
             f.done()
 
         return self._run(desc, run, tensors)

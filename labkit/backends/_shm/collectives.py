@@ -6,13 +6,9 @@ Every function takes 1-D contiguous tensors and runs rounds (see ``sync.py``): w
 rank's slot, ``arrive`` (the first round also carries the descriptor that every rank checks),
 read the peers' slots, ``next_round``. A tensor larger than a slot streams through in chunks.
 
-all_reduce: every rank copies its chunk into its slot; then either every rank reduces all
-slots itself ("one-shot": one round per chunk; for small tensors, and for up to 3 ranks,
-where it is also the least work), or rank r reduces piece r of every slot in place
-(reduce-scatter) and everyone copies the reduced pieces out (all-gather), so a rank reads
-about 3x the chunk instead of n x. The second path is pipelined: chunk k's reduce-scatter and
-chunk k-1's all-gather share a round. Either way every element is reduced by one code path
-in one order, so all ranks hold bit-identical results.
+all_reduce lives in ``allreduce.py`` (one-shot, or reduce-scatter + all-gather, pipelined);
+``reduce`` uses the same reduce-scatter, then gathers onto the root.
+
 Reference: Thakur, Rabenseifner and Gropp 2005, §4 (reduce-scatter + all-gather); Graham and
 Shipman, "MPI Support for Multi-core Architectures" (EuroPVM/MPI 2008): shared-memory
 collectives with per-rank buffers and flags; the one-shot / two-shot split is that of the
@@ -47,6 +43,7 @@ class Exchange:
         self.rank = rounds.rank
         self.n = rounds.n
         self.label = ""
+        self.views: dict = {}  # (dtype, chunk length) -> SlotViews (see allreduce.py)
 
     def one_shot(self, flat: torch.Tensor) -> bool:
         """Whether to reduce whole chunks on every rank (vs reduce-scatter + all-gather)."""
@@ -85,7 +82,7 @@ def _chunks(total: int, cap: int):
 
 
 def _align(dtype: torch.dtype) -> int:
-    return max(1, 64 // torch.empty((), dtype=dtype).element_size())
+    return max(1, 64 // dtype.itemsize)
 
 
 def _per_rank(cap: int, n: int, dtype: torch.dtype) -> int:
@@ -104,52 +101,6 @@ def pieces(m: int, n: int, align: int) -> list[tuple[int, int]]:
         out.append((min(start, m), min(end, m)))
         start = end
     return out
-
-
-def all_reduce(ex: Exchange, flat: torch.Tensor, op: str, desc: OpDesc) -> None:
-    """Reduce ``flat`` across ranks in place (one-shot or reduce-scatter + all-gather)."""
-    n, me, dtype = ex.n, ex.rank, flat.dtype
-    cap = ex.rows(dtype).shape[1]
-    if ex.one_shot(flat):
-        for k0, k1 in _chunks(flat.numel(), cap):
-            rows = ex.rows(dtype)[:, : k1 - k0]
-            rows[me].copy_(flat[k0:k1])
-            ex.arrive(desc)
-            desc = None
-            reduce_rows(rows, op, flat[k0:k1])  # every rank, same rows, same order
-            ex.next_round()
-        return
-    # Reduce-scatter + all-gather, pipelined: one arrival per chunk serves twice. After it,
-    # chunk k is in every slot (this rank reduces its piece of it, in its own slot) and
-    # chunk k-1's pieces are reduced (this rank copies them out). Three buffers keep chunk
-    # k-1 intact while a fast rank already writes chunk k+1.
-    # A rank's own piece never needs to be in shared memory: it reads it from ``flat``.
-    pending = None  # (start, piece bounds, rows) of the chunk reduced but not copied out
-    for k0, k1 in _chunks(flat.numel(), cap):
-        rows = ex.rows(dtype)[:, : k1 - k0]
-        bounds = pieces(k1 - k0, n, _align(dtype))
-        lo, hi = bounds[me]
-        rows[me, :lo].copy_(flat[k0 : k0 + lo])  # the pieces the peers reduce
-        rows[me, hi:].copy_(flat[k0 + hi : k1])
-        ex.arrive(desc)
-        desc = None
-        if pending is not None:
-            _copy_out(flat, me, *pending)
-        mine = flat[k0 + lo : k0 + hi]
-        sources = [mine if r == me else rows[r, lo:hi] for r in range(n)]
-        reduce_rows(sources, op, rows[me, lo:hi])  # into this rank's slot, for the peers
-        mine.copy_(rows[me, lo:hi])
-        pending = (k0, bounds, rows)
-        ex.next_round()
-    ex.arrive()  # every rank has reduced its piece of the last chunk
-    _copy_out(flat, me, *pending)
-    ex.next_round()
-
-
-def _copy_out(flat: torch.Tensor, me: int, k0: int, bounds, rows: torch.Tensor) -> None:
-    for r, (lo, hi) in enumerate(bounds):  # piece r was reduced in rank r's slot
-        if r != me:
-            flat[k0 + lo : k0 + hi].copy_(rows[r, lo:hi])
 
 
 def reduce(ex: Exchange, flat: torch.Tensor, op: str, root: int, desc: OpDesc) -> None:

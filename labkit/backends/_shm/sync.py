@@ -20,10 +20,13 @@ the copy and the counter store. On a weakly ordered CPU (ARM, POWER) this would 
 and acquire fences, which Python cannot issue: there, treat this backend as a model of the
 algorithm, not as a correct implementation (a C++ backend would use std::atomic).
 
-Waiting spins briefly (the fastest wake-up), then yields the CPU to other ranks sharing it,
-then sleeps with growing pauses. Every few milliseconds it checks the deadline and that the
-awaited rank's process is still alive, so a dead peer or a timeout ends in a RuntimeError that
-names the rank and the operation instead of a hang.
+Waiting spins briefly (the fastest wake-up; only while every rank has a core of its own),
+then blocks on the awaited counter with a futex (``futex.py``): every rank wakes its counter's
+sleepers right after storing it, so a blocked rank costs no CPU and wakes as soon as the peer
+arrives. Where futexes are missing it yields the CPU to other ranks sharing it, then sleeps
+with growing pauses. Every few milliseconds it checks the deadline and that the awaited
+rank's process is still alive, so a dead peer or a timeout ends in a RuntimeError that names
+the rank and the operation instead of a hang.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import os
 import time
 
+from labkit.backends._shm import futex
 from labkit.backends._shm.describe import kind_name
 from labkit.backends._shm.layout import (
     NBUF,
@@ -45,6 +49,7 @@ SPIN_S = 20e-6  # busy polling: wake-up within a microsecond
 YIELD_S = 2e-3  # then sched_yield, so ranks (and other programs) sharing a core can run
 MAX_SLEEP_S = 500e-6  # then sleep, doubling from 50 us up to this
 CHECK_EVERY_S = 5e-3  # how often a waiter checks the deadline and the peers' pids
+_CHECK_TS = futex.timespec(CHECK_EVERY_S)  # the longest futex sleep between checks
 
 
 class GroupFailure(RuntimeError):
@@ -139,6 +144,13 @@ class Rounds:
         self._mine = seg.layout.word(rank, W_ROUND)
         self._peers = [(r, seg.layout.word(r, W_ROUND)) for r in range(self.n) if r != rank]
         self._count = self.ctl[self._mine]
+        # Futex addresses of every rank's counter (its low 32 bits: x86-64 and arm64 are
+        # little-endian), or None to poll. Spin first only while every rank has a core: with
+        # more ranks than cores a spinning rank holds the core a peer needs to get there.
+        base = seg.bytes.data_ptr()
+        words = [seg.layout.word(r, W_ROUND) for r in range(self.n)]
+        self._addr = [base + 8 * w for w in words] if futex.AVAILABLE else None
+        self.spin_s = SPIN_S if self.n <= (os.cpu_count() or 1) else 0.0
 
     @property
     def buf(self) -> int:
@@ -154,15 +166,33 @@ class Rounds:
         """Signal this rank's arrival, then wait until every peer has arrived too."""
         self._count += 1
         self.ctl[self._mine] = self._count  # after this rank's slot writes (see the docstring)
+        if self._addr is not None:
+            futex.wake(self._addr[self.rank])
         target = self._count
         ctl = self.ctl
         waiter = None  # one per arrival: the timeout covers the whole wait
         for r, w in self._peers:
+            if ctl[w] < target:
+                waiter = waiter or Waiter()
+                self._wait_for(r, w, target, what, waiter)
+
+    def _wait_for(self, r: int, w: int, target: int, what: str, waiter: Waiter) -> None:
+        """Wait until rank ``r``'s counter (word ``w``) reaches ``target``."""
+        ctl = self.ctl
+        if self._addr is None:  # no futexes: spin, yield, sleep
             while ctl[w] < target:
-                if waiter is None:
-                    waiter = Waiter()
                 if waiter.pause():
                     self._check(r, what, waiter.start)
+            return
+        spin_until = time.monotonic() + self.spin_s
+        while ctl[w] < target and time.monotonic() < spin_until:
+            pass
+        addr = self._addr[r]
+        while (seen := ctl[w]) < target:
+            futex.wait(addr, seen, _CHECK_TS)  # a wake, a changed word or CHECK_EVERY_S
+            if time.monotonic() >= waiter.next_check:
+                waiter.next_check = time.monotonic() + CHECK_EVERY_S
+                self._check(r, what, waiter.start)
 
     def next_round(self) -> None:
         self.t += 1
