@@ -26,7 +26,20 @@ from dataclasses import dataclass
 from typing import Any
 
 # Modules that register exercises; imported on first use.
-_MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb08", "nb11")
+_MODULES = (
+    "nb00",
+    "nb01",
+    "nb02",
+    "nb03",
+    "nb04",
+    "nb05",
+    "nb06",
+    "nb07",
+    "nb08",
+    "nb09",
+    "nb11",
+    "nb13",
+)
 
 
 class ExerciseFailed(AssertionError):
