@@ -65,8 +65,10 @@ class DataParallelBucketed(nn.Module):
         module: the model replica on this rank (``.module`` afterwards).
         group: the data-parallel group (None: the default group).
         bucket_cap_mb: bucket size cap in MiB, as torch DDP's argument of that name.
-        overlap: False: launch all buckets only after backward has finished — the
-            no-overlap baseline, same collectives and results.
+        overlap: False: the no-overlap baseline — same buckets, collectives and results, but
+            the buckets are all-reduced one after the other (each waited for before the next
+            starts) once backward has finished, so no transfer overlaps computation or
+            another transfer.
 
     Raises:
         ValueError: if ``bucket_cap_mb`` is not positive.
@@ -186,6 +188,8 @@ class DataParallelBucketed(nn.Module):
                         if not done:
                             self._to_view(b, i)
                     self._launch(b)
+                    if not self.overlap:  # the baseline: nothing runs alongside a transfer
+                        b.work.wait()
                 self._next = len(self._buckets)
             for b in self._buckets:
                 if b.work is not None:
