@@ -123,7 +123,7 @@ def regression_problem(
     Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Args:
-        n_samples: training rows (the first 256 rows of a second draw are the evaluation set).
+        n_samples: training rows (256 more rows of the same draw are the evaluation set).
         in_features: width of x.
         batch_size: samples per gradient.
         lr: SGD learning rate.
