@@ -235,3 +235,50 @@ def test_frozen_and_unused_parameters():
             for n, want in out["torch"].items():  # rank 1 gets rank 0's branch gradient / 2
                 if want is not None:
                     torch.testing.assert_close(grads[n], want, **TOL, msg=f"{name} {n}")
+
+
+# --- the group argument ----------------------------------------------------------------------
+
+
+def _in_subgroup(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    group = dist.new_group([1, 2])  # every rank calls new_group; rank 0 is not in it
+    if rank == 0:
+        return {}
+    out = {}
+    for name in ("naive", "bucketed"):
+        model = lk.models.MLP(hidden=(16,), seed=rank)  # different on every rank...
+        model.register_buffer("steps", torch.tensor([float(rank)]))
+        if name == "naive":  # ...until the group's first rank (global rank 1) broadcasts
+            wrapped = lk.parallel.ddp.DataParallelNaive(model, group=group)
+        else:
+            wrapped = lk.parallel.ddp.DataParallelBucketed(model, group=group)
+        start = [t.clone() for t in [*model.parameters(), *model.buffers()]]
+        x, y = _batch(rank)
+        F.cross_entropy(wrapped(x), y).backward()
+        local = lk.models.MLP(hidden=(16,), seed=1)  # rank 1's replica, this rank's data
+        F.cross_entropy(local(x), y).backward()
+        out[name] = {
+            "start": start,
+            "grads": [p.grad for p in model.parameters()],
+            "local": [p.grad for p in local.parameters()],
+        }
+    return out
+
+
+def test_a_subgroup_broadcasts_from_its_first_rank_and_averages_within():
+    _, one, two = lk.launch(_in_subgroup, 3, timeout=120)
+    for name in ("naive", "bucketed"):
+        for p, q in zip(one[name]["start"], two[name]["start"], strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)  # parameters and buffers
+        assert one[name]["start"][-1].item() == 1.0  # global rank 1's buffer
+        for g1, g2, l1, l2 in zip(
+            one[name]["grads"],
+            two[name]["grads"],
+            one[name]["local"],
+            two[name]["local"],
+            strict=True,
+        ):
+            torch.testing.assert_close(g1, g2, **TOL)
+            torch.testing.assert_close(g1, (l1 + l2) / 2, rtol=1e-5, atol=1e-6)
