@@ -12,14 +12,17 @@ that word right after the owner's store. The words live in a ``MAP_SHARED`` mapp
 futexes are the shared (not process-private) kind, keyed by the page, which works across
 processes.
 
-Measured on a 2-core machine that other jobs kept busy (load average 6-14), against spinning,
-yielding for 2 ms and then sleeping up to 500 us: a 4-rank barrier took 0.7 ms instead of
-3.0 ms; an 8-byte all_reduce 0.91x (4 ranks) and 0.75x (2 ranks) the time (medians of 300
-paired calls); 16 MB all_reduces were as fast either way (they are bound by the copies).
+Measured on a 2-core machine that other jobs kept busy (load average 6-14), against the
+earlier wait (spin 20 us, yield for 2 ms, then sleep 50-500 us): with 4 ranks, which block at
+once (``sync.py``), a barrier took 0.7 ms instead of 3.0 ms and an 8-byte all_reduce 0.9-1.0x
+the time; with 2 ranks, which yield for 2 ms before they block, an 8-byte all_reduce 0.9x
+(medians of 200-300 calls paired in one run). 16 MB all_reduces stayed within about 10%
+either way: they are bound by the copies.
 
 Reference: Drepper, "Futexes Are Tricky" (2011); futex(2).
 Where futexes are missing (not Linux, or an unknown CPU), ``AVAILABLE`` is False and the
-callers fall back to polling.
+callers fall back to polling; ``LABKIT_SHM_FUTEX=0`` (read at import) does the same, to
+compare the two.
 """
 
 from __future__ import annotations

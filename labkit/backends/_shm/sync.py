@@ -145,12 +145,15 @@ class Rounds:
         self._peers = [(r, seg.layout.word(r, W_ROUND)) for r in range(self.n) if r != rank]
         self._count = self.ctl[self._mine]
         # Futex addresses of every rank's counter (its low 32 bits: x86-64 and arm64 are
-        # little-endian), or None to poll. Spin first only while every rank has a core: with
-        # more ranks than cores a spinning rank holds the core a peer needs to get there.
+        # little-endian), or None to poll. While every rank has a core, spin, then yield, and
+        # block only after YIELD_S: a wake-up from a futex costs ~0.1-1 ms on our virtual
+        # machines (the sleeper's idle CPU must be woken), far more than a short wait. With
+        # more ranks than cores, block at once: a waiting rank holds the core a peer needs.
         base = seg.bytes.data_ptr()
         words = [seg.layout.word(r, W_ROUND) for r in range(self.n)]
         self._addr = [base + 8 * w for w in words] if futex.AVAILABLE else None
-        self.spin_s = SPIN_S if self.n <= (os.cpu_count() or 1) else 0.0
+        own_cores = self.n <= (os.cpu_count() or 1)
+        self.spin_s, self.yield_s = (SPIN_S, YIELD_S) if own_cores else (0.0, 0.0)
 
     @property
     def buf(self) -> int:
@@ -184,9 +187,10 @@ class Rounds:
                 if waiter.pause():
                     self._check(r, what, waiter.start)
             return
-        spin_until = time.monotonic() + self.spin_s
-        while ctl[w] < target and time.monotonic() < spin_until:
-            pass
+        spin_until, yield_until = waiter.start + self.spin_s, waiter.start + self.yield_s
+        while ctl[w] < target and (now := time.monotonic()) < yield_until:
+            if now >= spin_until:
+                os.sched_yield()
         addr = self._addr[r]
         while (seen := ctl[w]) < target:
             futex.wait(addr, seen, _CHECK_TS)  # a wake, a changed word or CHECK_EVERY_S
