@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = {"async_sgd", "ddp", "model_split", "pipeline", "tensor", "zero"}
+_SUBMODULES = {"accumulate", "async_sgd", "ddp", "model_split", "pipeline", "tensor", "zero"}
 
 
 def __getattr__(name: str):

@@ -10,7 +10,6 @@ from labkit.viz._display import enable_inline_figures
 from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
 from labkit.viz.async_sgd import sgd_loss_curves, staleness_histogram
 from labkit.viz.collectives import collective_diagram, value_origins
-from labkit.viz.ddp import bucket_size_sweep, comm_hook_tradeoff
 from labkit.viz.cost import (
     algbw_busbw,
     algorithm_crossover,
@@ -18,11 +17,13 @@ from labkit.viz.cost import (
     what_if_scaling,
 )
 from labkit.viz.cost_sweep import predicted_time_sweep
+from labkit.viz.ddp import bucket_size_sweep, comm_hook_tradeoff
 from labkit.viz.memory import zero_memory_breakdown
 from labkit.viz.p2p import p2p_latency_bandwidth
 from labkit.viz.pipeline import schedule_grid, schedule_vs_timeline
 from labkit.viz.ring import ring_allreduce_step
 from labkit.viz.timeline import timeline
+from labkit.viz.training import loss_curves, lr_schedule
 
 __all__: list[str] = [
     "algbw_busbw",
@@ -31,6 +32,8 @@ __all__: list[str] = [
     "bucket_size_sweep",
     "collective_diagram",
     "comm_hook_tradeoff",
+    "loss_curves",
+    "lr_schedule",
     "message_diagram",
     "p2p_latency_bandwidth",
     "predicted_time_sweep",
