@@ -10,12 +10,13 @@ seed, so single-process references and ranks start from identical weights withou
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["CNN", "MLP", "count_parameters", "mlp_with_parameters"]
+__all__ = ["CNN", "MLP", "ComputeDelay", "count_parameters", "mlp_with_parameters"]
 
 
 @contextlib.contextmanager
@@ -95,6 +96,52 @@ class CNN(nn.Module):
         if x.dim() == 2:  # flattened digits (B, 64) → images (B, 1, 8, 8)
             x = x.view(-1, 1, 8, 8)
         return self.head(self.features(x).flatten(1))
+
+
+class _Delay(torch.autograd.Function):
+    """Identity whose forward and backward each sleep a fixed time (no CPU used)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class ComputeDelay(nn.Module):
+    """An identity layer that takes a fixed time in forward and in backward: emulated compute.
+
+    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb. On an accelerator a layer's
+    kernels take a predictable time while the CPU stays free; four ranks sharing two CPU
+    cores cannot show that (they slow each other down). Sleeping instead of computing
+    gives each rank the timing of a fast device without using a core, so overlap of
+    communication with backward can be measured on a laptop.
+
+    Args:
+        forward_ms: sleep in forward, milliseconds (≥ 0).
+        backward_ms: sleep in backward, milliseconds (≥ 0), just before the gradients of
+            the layers in front of it are computed.
+
+    Raises:
+        ValueError: a negative time.
+    """
+
+    def __init__(self, forward_ms: float = 0.0, backward_ms: float = 0.0) -> None:
+        super().__init__()
+        if forward_ms < 0 or backward_ms < 0:
+            raise ValueError(f"delays must be >= 0 ms, got {forward_ms}, {backward_ms}")
+        self.forward_ms, self.backward_ms = forward_ms, backward_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Delay.apply(x, self.forward_ms / 1e3, self.backward_ms / 1e3)
+
+    def extra_repr(self) -> str:
+        return f"forward_ms={self.forward_ms:g}, backward_ms={self.backward_ms:g}"
 
 
 def count_parameters(model: nn.Module) -> int:

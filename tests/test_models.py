@@ -43,3 +43,21 @@ def test_mlp_with_parameters_is_smallest_multiple_of_64(n):
 def test_mlp_with_parameters_rejects_bad_input():
     with pytest.raises(ValueError, match="n_params"):
         models.mlp_with_parameters(0)
+
+
+def test_compute_delay_is_an_identity_that_takes_time():
+    import time
+
+    layer = models.ComputeDelay(forward_ms=5, backward_ms=15)
+    x = torch.randn(3, 4, requires_grad=True)
+    start = time.perf_counter()
+    y = layer(x)
+    forward_s = time.perf_counter() - start
+    assert torch.equal(y, x) and forward_s >= 5e-3
+    start = time.perf_counter()
+    (y * torch.arange(4.0)).sum().backward()
+    assert time.perf_counter() - start >= 15e-3
+    assert torch.equal(x.grad, torch.arange(4.0).expand(3, 4))
+    assert "backward_ms=15" in repr(layer)
+    with pytest.raises(ValueError, match=">= 0 ms"):
+        models.ComputeDelay(backward_ms=-1)

@@ -6,6 +6,7 @@ Each module registers its backend when imported (``lk.launch(fn, backend="labkit
 it inside every rank): ``shm`` (shared memory between ranks on one host), ``recording`` (wraps
 any backend and records every operation), ``simnet`` (wraps a backend and delays each operation
 as a described network would), ``cpp`` (a minimal backend in C++ built at run time).
+``simlink`` (``simnet`` with one operation at a time on the link) is used through its ``spec``.
 This package imports nothing heavy itself.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import importlib
 
 # Loaded on first use, so that lk.backends.recording.spec(...) works after `import labkit`.
-_SUBMODULES = {"cpp", "cpp_build", "recording", "shm", "simnet"}
+_SUBMODULES = {"cpp", "cpp_build", "recording", "shm", "simlink", "simnet"}
 
 
 def __getattr__(name: str):

@@ -14,12 +14,14 @@ MPICH", IJHPCA 19(1), 2005. nccl-tests' algbw/busbw turn measured times into ban
 
 Modules: ``network`` (``Network``, presets, ``fit``), ``formulas`` (``cost_terms`` per
 collective and algorithm), ``bandwidth`` (busbw factors), ``predict`` (predictions, crossover,
-what-if). Nothing here imports torch.
+what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's sizes). Nothing here imports
+torch.
 """
 
 from __future__ import annotations
 
 from labkit.costmodel.bandwidth import algbw, busbw, busbw_factor
+from labkit.costmodel.ddp import bucketed_backward_s, powersgd_numel
 from labkit.costmodel.formulas import (
     ALGORITHMS,
     COLLECTIVES,
@@ -45,11 +47,13 @@ __all__ = [
     "Network",
     "algbw",
     "best_algorithm",
+    "bucketed_backward_s",
     "busbw",
     "busbw_factor",
     "cost_terms",
     "crossover_bytes",
     "fit",
+    "powersgd_numel",
     "predict",
     "predict_all",
     "what_if",

@@ -15,6 +15,7 @@ In the notebook::
     timeline.to_chrome_trace("step.json")  # open at https://ui.perfetto.dev
     lk.viz.timeline(timeline)
 
+``lk.trace.trace_modules(model)`` records each layer's forward and backward as spans.
 Communication spans come from ``labkit.backends.recording`` (launch with
 ``backend="labkit_record"`` or ``lk.backends.recording.spec(...)``). Imports no torch.
 """
@@ -22,12 +23,14 @@ Communication spans come from ``labkit.backends.recording`` (launch with
 from __future__ import annotations
 
 from labkit.trace.chrome import check_chrome_trace, to_chrome_trace
+from labkit.trace.modules import ModuleTracer, trace_modules
 from labkit.trace.spans import COMM, COMPUTE, Span, clock_ns, events, reset, span
 from labkit.trace.timeline import RankSummary, Timeline
 
 __all__ = [
     "COMM",
     "COMPUTE",
+    "ModuleTracer",
     "RankSummary",
     "Span",
     "Timeline",
@@ -37,4 +40,5 @@ __all__ = [
     "reset",
     "span",
     "to_chrome_trace",
+    "trace_modules",
 ]
