@@ -1,0 +1,114 @@
+"""ZeRO stage 1, P_os: each rank keeps Adam's states only for its shard of the parameters.
+
+Introduced in notebooks/13_zero_and_fsdp.ipynb.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.parallel.zero.base import ZeroBase
+from labkit.parallel.zero.comm import all_gather_unit
+
+__all__ = ["ZeroStage1"]
+
+
+class ZeroStage1(ZeroBase):
+    """ZeRO-1 (P_os, Rajbhandari et al. 2020, §5.1): optimizer states partitioned.
+
+    Every rank keeps the full parameters and full gradients, as in data parallelism, but
+    Adam's momentum and variance only for its own shard (1/N_d of every parameter,
+    ``shard_bounds``). Each parameter lives in a buffer padded to N_d·s elements; the
+    module's parameter and this rank's shard are views of it, so the shard costs no memory.
+    Gradients are views of a padded buffer per unit too. ``step()`` all-reduces each unit's
+    gradient buffer and divides by N_d, runs Adam on the shard, and all-gathers the updated
+    shards so every rank holds the new parameters: one all-reduce and one all-gather per
+    unit. Per device: 2Ψ + 2Ψ + KΨ/N_d in the paper's mixed-precision units.
+
+    Introduced in notebooks/13_zero_and_fsdp.ipynb.
+
+    Args:
+        module: the model on this rank (same on every rank after the initial broadcast).
+        group: the data-parallel group (None: the default group).
+        lr, betas, eps, weight_decay: ``torch.optim.Adam``'s arguments.
+
+    Usage::
+
+        zero = ZeroStage1(model, lr=1e-2)
+        F.cross_entropy(model(x), y).backward()
+        zero.step()
+        zero.zero_grad()
+    """
+
+    stage = 1
+
+    def _shard(self) -> list[nn.Parameter]:
+        nd, r = self.dp_world_size, self.dp_rank
+        self.param_buffers, self.grad_buffers, shards = [], [], []
+        for unit in self.units:
+            pbuf = unit.params[0].new_zeros(nd * unit.shard_numel)
+            gbuf = torch.zeros_like(pbuf) if self.stage == 1 else None
+            for p, s, off in zip(unit.params, unit.shard_sizes, unit.offsets, strict=True):
+                base, n = nd * off, p.numel()  # the parameter's padded region: nd·s elements
+                pbuf[base : base + n] = p.detach().reshape(-1)
+                p.data = pbuf[base : base + n].view(p.shape)
+                shard = nn.Parameter(pbuf[base + r * s : base + (r + 1) * s])
+                if gbuf is not None:
+                    p.grad = gbuf[base : base + n].view(p.shape)
+                    shard.grad = gbuf[base + r * s : base + (r + 1) * s]
+                shards.append(shard)
+            self.param_buffers.append(pbuf)
+            self.grad_buffers.append(gbuf)
+        return shards
+
+    def _param_tensors(self) -> list[torch.Tensor | None]:
+        return [*self.param_buffers, *self.shards]
+
+    def _grad_tensors(self) -> list[torch.Tensor | None]:
+        return [*self.grad_buffers, *(p.grad for p in self.full_params)]
+
+    def _reduce_gradients(self) -> None:
+        """All-reduce each unit's padded gradient buffer, then divide by N_d."""
+        nd = self.dp_world_size
+        for unit, gbuf in zip(self.units, self.grad_buffers, strict=True):
+            for p, off in zip(unit.params, unit.offsets, strict=True):
+                view = gbuf[nd * off : nd * off + p.numel()].view(p.shape)
+                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                    # model.zero_grad() set .grad to None or a new tensor: point it back
+                    view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
+                    p.grad = view
+            dist.all_reduce(gbuf, group=self.group)
+            gbuf.div_(nd)
+
+    def _shard_index(self) -> list[tuple[int, int]]:
+        """For each unit, the slice of ``self.shards`` holding its parameters' pieces."""
+        out, i = [], 0
+        for unit in self.units:
+            out.append((i, i + len(unit.params)))
+            i += len(unit.params)
+        return out
+
+    def _all_gather_parameters(self) -> None:
+        """All-gather each unit's updated shards into the full parameters."""
+        with torch.no_grad():
+            for unit, (a, b) in zip(self.units, self._shard_index(), strict=True):
+                packed = torch.cat([s.detach() for s in self.shards[a:b]])  # (S,)
+                full = all_gather_unit(unit, packed, self.dp_world_size, self.group)
+                self.observe(extra=[packed, *full])
+                for p, f in zip(unit.params, full, strict=True):
+                    p.copy_(f)
+
+    def zero_grad(self) -> None:
+        """Zero the gradient buffers (they stay allocated; ``.grad`` stays a view of them)."""
+        for gbuf in self.grad_buffers:
+            gbuf.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Average the gradients, update this rank's shard with Adam, all-gather the shards."""
+        self._reduce_gradients()
+        self.optimizer.step()
+        self.observe()
+        self._all_gather_parameters()

@@ -1,0 +1,194 @@
+"""labkit.parallel.zero: ZeRO stages 1–3 and FSDP2 train to single-process Adam's parameters,
+issue the expected collectives, and hold the bytes ``labkit.memory`` predicts.
+
+Collectives are counted with the recording backend (``backend="labkit_record"``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import labkit as lk
+from labkit.parallel import zero
+
+STEPS = 3
+LR = 1e-2
+# Averaging over ranks and Adam's division by sqrt(v) reorder float32 roundings: measured
+# up to ~2e-7 apart after 3 steps.
+TOL = dict(rtol=1e-5, atol=1e-6)
+MAX_RATIO_OFF = 0.10  # measured bytes within 10% of the model
+
+
+def _model() -> torch.nn.Module:
+    # 13·37 + 37 + 37·23 + 23 + 23·3 + 3 = 1464 parameters; biases of 37, 23 and 3 elements
+    # do not divide by 2 or 4 ranks, so every stage pads.
+    return lk.models.MLP(in_features=13, hidden=(37, 23), out_features=3, seed=0)
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(4, 13, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def _reference(world_size: int) -> list[dict[str, torch.Tensor]]:
+    """torch.optim.Adam on one process with every rank's batch, parameters after each step."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    out = []
+    for step in range(STEPS):
+        xs, ys = zip(*(_batch(step, r) for r in range(world_size)), strict=True)
+        opt.zero_grad()
+        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+        out.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return out
+
+
+def _train_all_stages(rank: int, world_size: int) -> dict:
+    from labkit.backends import recording
+
+    out = {}
+    for stage in (1, 2, 3):
+        model = _model()
+        opt = zero.ZeroOptimizer(model, stage, lr=LR)
+        params, ops = [], []
+        for step in range(STEPS):
+            recording.clear()
+            x, y = _batch(step, rank)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            ops.append([r.op for r in recording.records()])
+            params.append(opt.full_parameters())
+        out[stage] = {
+            "params": params,
+            "ops": ops,
+            "measured": opt.rank_bytes(),
+            "model": opt.model_bytes(),
+            "peak": opt.peak_bytes,
+            "shard_numel": sum(s.numel() for s in opt.shards),
+        }
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def runs(request) -> tuple[int, list[dict]]:
+    world_size = request.param
+    return world_size, lk.launch(
+        _train_all_stages, world_size, backend="labkit_record", timeout=180
+    )
+
+
+# --- no processes ----------------------------------------------------------------------------
+
+
+def test_shard_bounds_pad_every_parameter_to_a_multiple_of_the_world_size():
+    assert [zero.shard_bounds(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert zero.shard_size(3, 4) == 1 and zero.shard_size(0, 4) == 1
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 4\)"):
+        zero.shard_bounds(10, 4, 4)
+
+
+def test_pack_then_unpack_returns_every_parameter():
+    model = _model()
+    for unit in zero.find_units(model, 4):
+        packed = unit.pack([p.detach().reshape(-1) for p in unit.params], 4)
+        assert packed.shape == (4, unit.shard_numel)
+        for got, p in zip(unit.unpack(packed), unit.params, strict=True):
+            torch.testing.assert_close(got, p.detach(), rtol=0, atol=0)
+
+
+def test_units_are_the_linear_layers():
+    units = zero.find_units(_model(), 2)
+    assert [u.name for u in units] == ["net.0", "net.2", "net.4"]
+    assert [u.names for u in units] == [["weight", "bias"]] * 3
+
+
+def test_unknown_stage_is_rejected():
+    with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
+        zero.ZeroOptimizer(_model(), 4)
+
+
+# --- on ranks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_stage_gives_single_process_adams_parameters_after_each_step(runs, stage):
+    world_size, res = runs
+    for want, *got in zip(_reference(world_size), *(r[stage]["params"] for r in res), strict=True):
+        for rank_params in got:
+            assert rank_params.keys() == want.keys()
+            for name in want:
+                torch.testing.assert_close(rank_params[name], want[name], **TOL)
+
+
+def test_collectives_per_step(runs):
+    _, res = runs
+    n_units = 3
+    ag, rs, ar = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
+    expected = {
+        1: [ar] * n_units + [ag] * n_units,  # all-reduce grads in step(), then gather params
+        2: [rs] * n_units + [ag] * n_units,  # reduce-scatter during backward
+        3: [ag] * n_units + [ag, rs] * n_units,  # gather each layer in forward and backward
+    }
+    for out in res:
+        for stage, ops in expected.items():
+            assert out[stage]["ops"] == [ops] * STEPS, stage
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_measured_bytes_per_rank_are_within_10_percent_of_the_model(runs, stage):
+    world_size, res = runs
+    for out in res:
+        measured, model = out[stage]["measured"], out[stage]["model"]
+        want = lk.memory.zero_rank_bytes(_model(), world_size, stage, padding="per_parameter")
+        assert model == want
+        for part in ("params_bytes", "grads_bytes", "optimizer_bytes", "total_bytes"):
+            ratio = getattr(measured, part) / getattr(model, part)
+            assert abs(ratio - 1) <= MAX_RATIO_OFF, (part, ratio)
+        # the sharded states are exactly one padded shard per parameter (Adam: m and v)
+        s = out[stage]["shard_numel"]
+        assert measured.optimizer_bytes == 8 * s + 4 * 6  # + one fp32 step counter per tensor
+        if stage >= 2:
+            assert measured.grads_bytes == 4 * s
+        if stage == 3:
+            assert measured.params_bytes == 4 * s
+
+
+def test_each_stage_lowers_the_peak(runs):
+    _, res = runs
+    for out in res:
+        assert out[1]["peak"] > out[2]["peak"] > out[3]["peak"]
+        for stage in (1, 2, 3):
+            assert out[stage]["peak"] >= out[stage]["measured"].total_bytes
+
+
+# --- FSDP2 -----------------------------------------------------------------------------------
+
+
+def _fsdp2(rank: int, world_size: int) -> dict:
+    model = zero.apply_fully_shard(_model())
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    params = []
+    for step in range(STEPS):
+        x, y = _batch(step, rank)
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        params.append({n: p.full_tensor().detach() for n, p in model.named_parameters()})
+    return {"params": params, "bytes": zero.fsdp_rank_bytes(model, opt)}
+
+
+def test_fsdp2_gives_the_same_parameters_and_about_zero3s_bytes():
+    world_size = 2
+    res = lk.launch(_fsdp2, world_size, backend="gloo", timeout=180)
+    model = lk.memory.zero_rank_bytes(_model(), world_size, 3, padding="per_parameter")
+    for want, *got in zip(_reference(world_size), *(r["params"] for r in res), strict=True):
+        for rank_params in got:
+            for name in want:
+                torch.testing.assert_close(rank_params[name], want[name], **TOL)
+    total = sum(r["bytes"].total_bytes for r in res)
+    # FSDP2 pads dim 0 of each parameter, ZeRO-3 here the flat parameter: both ≈ 16Ψ/N_d
+    assert abs(total / world_size / model.total_bytes - 1) <= MAX_RATIO_OFF
