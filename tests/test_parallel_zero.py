@@ -62,8 +62,17 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
             opt.zero_grad()
             ops.append([r.op for r in recording.records()])
             params.append(opt.full_parameters())
+        at_rest = opt.rank_bytes().total_bytes
+        with torch.no_grad():  # an evaluation forward gathers and frees again
+            eval_out = model(_batch(0, rank)[0])
         out[stage] = {
             "params": params,
+            "eval_matches": torch.allclose(
+                eval_out, _reference_model(params[-1])(_batch(0, rank)[0]), rtol=1e-5, atol=1e-6
+            ),
+            "rest_after_eval": (at_rest, opt.rank_bytes().total_bytes),
+            "shapes": [tuple(q.shape) for q in model.parameters()],
+            "partial_grad_error": _partial_gradient_error(stage) if stage >= 2 else "",
             "ops": ops,
             "measured": opt.rank_bytes(),
             "model": opt.model_bytes(),
@@ -71,6 +80,35 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
             "shard_numel": sum(s.numel() for s in opt.shards),
         }
     return out
+
+
+def _reference_model(params: dict[str, torch.Tensor]) -> torch.nn.Module:
+    model = _model()
+    model.load_state_dict(params)
+    return model
+
+
+class _HalfUsed(torch.nn.Module):
+    """One unit of two parameters whose forward uses only the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = torch.nn.Parameter(torch.ones(5))
+        self.unused = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.used
+
+
+def _partial_gradient_error(stage: int) -> str:
+    model = _HalfUsed()
+    opt = zero.ZeroOptimizer(model, stage)
+    model(torch.ones(5)).sum().backward()
+    try:
+        opt.step()
+    except RuntimeError as exc:
+        return str(exc)
+    return ""
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
@@ -155,6 +193,22 @@ def test_measured_bytes_per_rank_are_within_10_percent_of_the_model(runs, stage)
             assert measured.grads_bytes == 4 * s
         if stage == 3:
             assert measured.params_bytes == 4 * s
+
+
+def test_shapes_evaluation_forward_and_missing_gradients(runs):
+    world_size, res = runs
+    full = [tuple(q.shape) for q in _model().parameters()]
+    for out in res:
+        for stage in (1, 2, 3):
+            assert out[stage]["eval_matches"], stage
+            before, after = out[stage]["rest_after_eval"]
+            assert before == after, stage  # nothing gathered is left behind
+        assert out[1]["shapes"] == out[2]["shapes"] == full
+        # ZeRO-3's registered parameters are this rank's 1-D shards
+        assert out[3]["shapes"] == [(zero.shard_size(q.numel(), world_size),) for q in
+                                    _model().parameters()]  # fmt: skip
+        for stage in (2, 3):
+            assert "received only some of their gradients" in out[stage]["partial_grad_error"]
 
 
 def test_each_stage_lowers_the_peak(runs):

@@ -158,6 +158,17 @@ class ZeroBase:
         )
 
     # --- the training loop's calls ------------------------------------------------------
+    def _check_all_reduced(self) -> None:
+        """Raise if a unit got some but not all of its gradients (it was never reduced)."""
+        arrived = getattr(self, "_arrived", [])
+        stuck = [u.name or "(root)" for u, n in zip(self.units, arrived, strict=False) if n]
+        if stuck:
+            raise RuntimeError(
+                f"ZeRO-{self.stage}: unit(s) {stuck} received only some of their gradients in "
+                "backward, so they were never reduce-scattered; every parameter of a unit must "
+                "get a gradient (or none of them)"
+            )
+
     def zero_grad(self) -> None:
         """Zero the gradients this rank keeps (their buffers stay allocated)."""
         for s in self.shards:

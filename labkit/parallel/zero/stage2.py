@@ -83,6 +83,7 @@ class ZeroStage2(ZeroStage1):
     @torch.no_grad()
     def step(self) -> None:
         """Update this rank's shard with Adam (gradients already reduced), all-gather it."""
+        self._check_all_reduced()
         self.optimizer.step()
         self.observe()
         self._all_gather_parameters()

@@ -160,6 +160,7 @@ class ZeroStage3(ZeroBase):
     @torch.no_grad()
     def step(self) -> None:
         """Adam on this rank's shards; no communication (the next forward gathers)."""
+        self._check_all_reduced()
         self.optimizer.step()
         self.observe()
 
