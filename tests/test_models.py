@@ -61,3 +61,35 @@ def test_compute_delay_is_an_identity_that_takes_time():
     assert "backward_ms=15" in repr(layer)
     with pytest.raises(ValueError, match=">= 0 ms"):
         models.ComputeDelay(backward_ms=-1)
+
+
+def test_self_attention_matches_torch_multihead_attention():
+    attn = models.SelfAttention(dim=16, n_heads=4, causal=True, seed=0)
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([attn.q.weight, attn.k.weight, attn.v.weight]))
+        ref.in_proj_bias.copy_(torch.cat([attn.q.bias, attn.k.bias, attn.v.bias]))
+        ref.out_proj.weight.copy_(attn.proj.weight)
+        ref.out_proj.bias.copy_(attn.proj.bias)
+    x = torch.randn(2, 5, 16)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    want, _ = ref(x, x, x, attn_mask=mask, need_weights=False)
+    torch.testing.assert_close(attn(x), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="not divisible"):
+        models.SelfAttention(dim=10, n_heads=4)
+
+
+def test_transformer_block_is_causal_and_seeded():
+    block = models.TransformerBlock(dim=16, n_heads=4, seed=3)
+    assert models.count_parameters(block) == 4 * (16 * 16 + 16) + 2 * 2 * 16 + 16 * 64 * 2 + 64 + 16
+    x = torch.randn(1, 6, 16)
+    y = block(x)
+    x2 = x.clone()
+    x2[:, 4:] += 1.0  # change the future: the first four positions must not move
+    torch.testing.assert_close(block(x2)[:, :4], y[:, :4], rtol=0, atol=0)
+    same = models.TransformerBlock(dim=16, n_heads=4, seed=3)
+    assert all(
+        torch.equal(a, b) for a, b in zip(block.parameters(), same.parameters(), strict=True)
+    )
+    ff = models.FeedForward(16, 32, seed=1)
+    assert ff(x).shape == x.shape and ff.fc1.out_features == 32
