@@ -16,7 +16,16 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["CNN", "MLP", "ComputeDelay", "count_parameters", "mlp_with_parameters"]
+__all__ = [
+    "CNN",
+    "MLP",
+    "ComputeDelay",
+    "FeedForward",
+    "SelfAttention",
+    "TransformerBlock",
+    "count_parameters",
+    "mlp_with_parameters",
+]
 
 
 @contextlib.contextmanager
