@@ -146,9 +146,9 @@ class Rounds:
         self._count = self.ctl[self._mine]
         # Futex addresses of every rank's counter (its low 32 bits: x86-64 and arm64 are
         # little-endian), or None to poll. While every rank has a core, spin, then yield, and
-        # block only after YIELD_S: a wake-up from a futex costs ~0.1-1 ms on our virtual
-        # machines (the sleeper's idle CPU must be woken), far more than a short wait. With
-        # more ranks than cores, block at once: a waiting rank holds the core a peer needs.
+        # block only after YIELD_S: waking a rank blocked on a futex took 0.2-1 ms on our
+        # (virtual, shared) machines, far more than most waits here. With more ranks than
+        # cores, block at once: a spinning or yielding rank competes for the core a peer needs.
         base = seg.bytes.data_ptr()
         words = [seg.layout.word(r, W_ROUND) for r in range(self.n)]
         self._addr = [base + 8 * w for w in words] if futex.AVAILABLE else None
