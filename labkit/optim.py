@@ -9,7 +9,8 @@ Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour":
 - §2.2 gradual warmup: start from base_lr and raise the learning rate by a constant amount
   every iteration until it reaches k · base_lr after the warmup (5 epochs in the paper), because
   the first iterations change the weights fast and a large learning rate there diverges;
-- then the usual schedule (the paper divides by 10 at epochs 30, 60 and 80: ``milestones``).
+- then the usual schedule (their ImageNet runs divide it by 10 at epochs 30, 60 and 80, §5.1:
+  ``milestones``).
 
 The schedule is a multiplier of the optimizer's learning rate, so the optimizer is built with
 the *base* learning rate (the one tuned for ``base_batch``) and the scheduler scales it.
@@ -59,7 +60,7 @@ def lr_factor(
     """The multiplier of the base learning rate at optimizer step ``step`` (0-based).
 
     Introduced in notebooks/09_accumulation_and_precision.ipynb.
-    Goyal et al. 2017, §2.2 (gradual warmup) and §5.1 (step decay at milestones).
+    Goyal et al. 2017, §2.2 (gradual warmup); step decay at milestones as in their §5.1.
 
     During warmup (step < warmup_steps) it rises linearly from 1 at step 0 towards ``scale``:
     1 + (scale − 1) · step / warmup_steps; from ``warmup_steps`` on it is ``scale``, times
