@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 _LAZY_MODULES = {
     "backends",
     "bench",
+    "checkpoint",
     "collectives",
     "costmodel",
     "course",
@@ -55,6 +56,7 @@ __all__ = [
     "World",
     "backends",
     "bench",
+    "checkpoint",
     "collectives",
     "costmodel",
     "data",
