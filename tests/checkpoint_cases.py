@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import labkit as lk
 from labkit import checkpoint as ckpt
 
-BATCH = 64  # per rank; 1437 train digits / 2 ranks -> 11 full batches per epoch
+BATCH = 64  # per rank; 1438 train digits / 2 ranks -> 11 full batches per epoch
 
 
 def make_model() -> nn.Module:
