@@ -18,6 +18,7 @@ from labkit.viz.cost import (
 )
 from labkit.viz.cost_sweep import predicted_time_sweep
 from labkit.viz.ddp import bucket_size_sweep, comm_hook_tradeoff
+from labkit.viz.fault_tolerance import resume_timeline
 from labkit.viz.memory import zero_memory_breakdown
 from labkit.viz.p2p import p2p_latency_bandwidth
 from labkit.viz.pipeline import schedule_grid, schedule_vs_timeline
@@ -38,6 +39,7 @@ __all__: list[str] = [
     "p2p_latency_bandwidth",
     "predicted_time_sweep",
     "predicted_vs_measured",
+    "resume_timeline",
     "ring_allreduce_step",
     "schedule_grid",
     "schedule_vs_timeline",
