@@ -127,3 +127,16 @@ def test_train_state_round_trip_restores_everything(tmp_path) -> None:
     no_sched = ckpt.TrainState(b.model, b.optimizer)
     with pytest.raises(ValueError, match="scheduler"):
         no_sched.load_state_dict(saved)
+
+
+def test_loading_a_rank_the_checkpoint_does_not_have_points_to_dcp(tmp_path) -> None:
+    path = ckpt.save(tmp_path, {"x": 1}, step=4)
+    with pytest.raises(FileNotFoundError, match="written by 1 ranks.*save_sharded"):
+        ckpt.load(path, rank=1)
+
+
+def test_sleep_fault_before_the_marker_still_commits(tmp_path) -> None:
+    path = ckpt.save(tmp_path, {"x": 1}, step=1, fault="before_marker:sleep=0")
+    assert ckpt.is_complete(path)
+    with pytest.raises(ValueError, match="unknown fault action"):
+        ckpt.save(tmp_path, {"x": 1}, step=2, fault="before_marker:explode")
