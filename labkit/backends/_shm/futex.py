@@ -12,12 +12,14 @@ that word right after the owner's store. The words live in a ``MAP_SHARED`` mapp
 futexes are the shared (not process-private) kind, keyed by the page, which works across
 processes.
 
-Measured on a 2-core machine that other jobs kept busy (load average 6-14), against the
-earlier wait (spin 20 us, yield for 2 ms, then sleep 50-500 us): with 4 ranks, which block at
-once (``sync.py``), a barrier took 0.7 ms instead of 3.0 ms and an 8-byte all_reduce 0.9-1.0x
-the time; with 2 ranks, which yield for 2 ms before they block, an 8-byte all_reduce 0.9x
-(medians of 200-300 calls paired in one run). 16 MB all_reduces stayed within about 10%
-either way: they are bound by the copies.
+Measured on a 2-core machine that other jobs kept busy (load average 6-14), medians of
+60-300 calls paired in one run, against the earlier wait (spin 20 us, yield for 2 ms, then
+sleep 50-500 us): blocking at once made a 4-rank barrier take 0.7 ms instead of 3.0 ms and a
+2-rank 8-byte all_reduce 0.67-0.75x the time, but 2-rank 16 MB all_reduces 1.1-1.2x slower
+(a blocked rank's wake-up cost 0.2-1 ms there). So ``sync.py`` keeps the spinning and
+yielding and blocks where the earlier wait slept: 8-byte all_reduces then took 0.9x (2
+ranks) and 0.95x (4 ranks) the earlier time, 16 MB ones within 10% of it either way (they
+are bound by the copies).
 
 Reference: Drepper, "Futexes Are Tricky" (2011); futex(2).
 Where futexes are missing (not Linux, or an unknown CPU), ``AVAILABLE`` is False and the

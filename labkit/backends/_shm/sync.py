@@ -21,12 +21,12 @@ and acquire fences, which Python cannot issue: there, treat this backend as a mo
 algorithm, not as a correct implementation (a C++ backend would use std::atomic).
 
 Waiting spins briefly (the fastest wake-up; only while every rank has a core of its own),
-then blocks on the awaited counter with a futex (``futex.py``): every rank wakes its counter's
-sleepers right after storing it, so a blocked rank costs no CPU and wakes as soon as the peer
-arrives. Where futexes are missing it yields the CPU to other ranks sharing it, then sleeps
-with growing pauses. Every few milliseconds it checks the deadline and that the awaited
-rank's process is still alive, so a dead peer or a timeout ends in a RuntimeError that names
-the rank and the operation instead of a hang.
+then yields the CPU to other ranks sharing it, then blocks on the awaited counter with a futex
+(``futex.py``): every rank wakes its counter's sleepers right after storing it, so a blocked
+rank costs no CPU and wakes as soon as the peer arrives. Where futexes are missing it sleeps
+with growing pauses instead (and wakes up to a pause late). Every few milliseconds it checks
+the deadline and that the awaited rank's process is still alive, so a dead peer or a timeout
+ends in a RuntimeError that names the rank and the operation instead of a hang.
 """
 
 from __future__ import annotations
@@ -145,15 +145,15 @@ class Rounds:
         self._peers = [(r, seg.layout.word(r, W_ROUND)) for r in range(self.n) if r != rank]
         self._count = self.ctl[self._mine]
         # Futex addresses of every rank's counter (its low 32 bits: x86-64 and arm64 are
-        # little-endian), or None to poll. While every rank has a core, spin, then yield, and
-        # block only after YIELD_S: waking a rank blocked on a futex took 0.2-1 ms on our
-        # (virtual, shared) machines, far more than most waits here. With more ranks than
-        # cores, block at once: a spinning or yielding rank competes for the core a peer needs.
+        # little-endian), or None to poll. Spin first only while every rank has a core (with
+        # more ranks than cores a spinning rank holds the core a peer needs), yield for
+        # YIELD_S, and only then block: waking a rank blocked on a futex took 0.2-1 ms on
+        # our (virtual, shared) machines, far more than most waits here (see futex.py).
         base = seg.bytes.data_ptr()
         words = [seg.layout.word(r, W_ROUND) for r in range(self.n)]
         self._addr = [base + 8 * w for w in words] if futex.AVAILABLE else None
-        own_cores = self.n <= (os.cpu_count() or 1)
-        self.spin_s, self.yield_s = (SPIN_S, YIELD_S) if own_cores else (0.0, 0.0)
+        self.spin_s = SPIN_S if self.n <= (os.cpu_count() or 1) else 0.0
+        self.yield_s = YIELD_S
 
     @property
     def buf(self) -> int:
