@@ -12,21 +12,20 @@ One node, 2 processes::
 
     torchrun --standalone --nproc-per-node 2 -m labkit.scripts.train_ddp --steps 20
 
-Two nodes, 1 process each (run on both; ``HOST`` is node 0's address, reachable by node 1)::
+Two nodes, 1 process each: the same command on both (``HOST`` is node 0's address,
+reachable from node 1; the c10d rendezvous assigns the ranks, so no ``--node-rank``)::
 
-    torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 \\
+    torchrun --nnodes 2 --nproc-per-node 1 \\
         --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id ddp-digits \\
         -m labkit.scripts.train_ddp --steps 20
-    torchrun --nnodes 2 --nproc-per-node 1 --node-rank 1 \\
-        --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id ddp-digits \\
-        -m labkit.scripts.train_ddp --steps 20
 
-Both "nodes" on one machine over loopback (what tests/test_scripts_torchrun.py does)::
+Both "nodes" on one machine over loopback (what tests/test_scripts_torchrun.py does; both
+agents match 127.0.0.1, so ``is_host`` says which one hosts the rendezvous store)::
 
-    GLOO_SOCKET_IFNAME=lo torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 \\
+    GLOO_SOCKET_IFNAME=lo torchrun --nnodes 2 --nproc-per-node 1 \\
         --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 --rdzv-id ddp-digits \\
-        --rdzv-conf is_host=1 --local-addr 127.0.0.1 -m labkit.scripts.train_ddp
-    (and the same with ``--node-rank 1 --rdzv-conf is_host=0`` in a second shell)
+        --rdzv-conf is_host=1 --local-addr 127.0.0.1 -m labkit.scripts.train_ddp --steps 20
+    (and the same with ``--rdzv-conf is_host=0`` in a second shell)
 """
 
 from __future__ import annotations

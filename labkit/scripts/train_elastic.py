@@ -24,10 +24,14 @@ One node, 2 processes, one restart allowed, rank 1 killed after step 13::
 Two nodes, 1 process each (``HOST`` is node 0's address; ``--ckpt-dir`` must be a
 filesystem both nodes share, since a restart resumes from what every rank saved)::
 
-    torchrun --nnodes 2 --nproc-per-node 1 --max-restarts 3 \\
-        --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id elastic-digits \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 2 --nproc-per-node 1 \\
+        --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id elastic-digits \\
         -m labkit.scripts.train_elastic --steps 30 --every 5 --ckpt-dir /shared/ckpt
     (the same command on node 1)
+
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives each restart a fresh store: with torchrun's
+default shared store a restart on several nodes can read a dead worker's address
+(pytorch/pytorch#135712; on one node the script itself separates the attempts).
 
 The checkpoint folder holds one run: delete it (or pick a new one) to start from scratch.
 """
