@@ -1,0 +1,396 @@
+"""A strategy planner: every (dp, pp, tp, ZeRO stage, micro-batches) with its memory and step time.
+
+Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+Pure arithmetic on top of ``labkit.memory`` (model states per ZeRO stage, activations per
+layer) and ``labkit.costmodel`` (the α-β time of each collective): no processes, no
+torch.distributed, so a widget or a test gets a whole table instantly::
+
+    gpt = ModelSpec(n_params=7 * 10**9, n_layers=32, hidden=4096, seq_len=2048, batch=64)
+    best = plan(gpt, DeviceSpec(8, 80e9, 300e12), lk.Network.preset("NVLink"))[0]
+    print(best.label, best.step_s, *best.reasons, sep="\\n")
+
+The model of one training step on ``count = dp·pp·tp`` devices, m micro-batches of b = B/(dp·m)
+sequences, with Ψ parameters, L layers, width h and sequence length s:
+
+- memory: ZeRO's model states of the Ψ/(pp·tp) parameters a device holds, sharded over dp
+  (Rajbhandari et al. 2020, §5), plus activations: Korthikanti et al. 2022's bytes per layer
+  (with t = tp) × L/pp layers × min(pp, m) micro-batches in flight (1F1B, Narayanan et al.
+  2021, §2.1; with pp = 1 the micro-batches are accumulation steps, one at a time);
+- compute: 6Ψ·B·s FLOPs per step (forward 2Ψ, backward 4Ψ per token: Kaplan et al. 2020,
+  §2.1) spread evenly over the devices;
+- bubble: (pp − 1)/m of the compute time (GPipe, Huang et al. 2019, §2.3: the bubble is
+  (p − 1)/(m + p − 1) of the step);
+- communication, not overlapped with compute (an upper bound): the gradient all-reduce over
+  dp (ZeRO-1: reduce-scatter + all-gather; ZeRO-2: a reduce-scatter per micro-batch; ZeRO-3
+  adds two parameter all-gathers per micro-batch, ZeRO §7.2), Megatron's 2 + 2 all-reduces
+  of b·s·h activations per layer over tp (Shoeybi et al. 2019, §3), and pp's point-to-point
+  activations and gradients (2m messages of b·s·h per device).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from labkit.costmodel import Network, predict
+from labkit.memory import ADAM_MIXED_K, GB, STAGES, activation_bytes_per_layer, zero_memory
+
+__all__ = ["DeviceSpec", "ModelSpec", "Plan", "PlanError", "plan"]
+
+
+class PlanError(ValueError):
+    """Inputs the planner cannot work with (no devices, a size ≤ 0, an unknown ZeRO stage).
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+    """
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _positive(name: str, value: Any) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+    if not ok or not math.isfinite(value):
+        raise PlanError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs to know about a transformer-like model and its batch.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+    Args:
+        n_params: Ψ, the number of parameters.
+        n_layers: L, layers (pipeline stages get L/pp each).
+        hidden: h, the model width (activations are b·s·h per layer boundary).
+        seq_len: s, tokens per sequence.
+        batch: B, sequences per optimizer step (the global batch).
+        n_heads: attention heads (tensor parallelism splits them).
+        bytes_per_param: bytes of a parameter without mixed precision (4: fp32).
+        name: a label.
+
+    Raises:
+        PlanError: a count < 1 or ``n_params`` ≤ 0.
+    """
+
+    n_params: int
+    n_layers: int
+    hidden: int
+    seq_len: int
+    batch: int
+    n_heads: int = 1
+    bytes_per_param: int = 4
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        _positive("n_params", self.n_params)
+        for name in ("n_layers", "hidden", "seq_len", "batch", "n_heads", "bytes_per_param"):
+            _positive_int(name, getattr(self, name))
+
+    @classmethod
+    def from_module(
+        cls,
+        module: Any,
+        *,
+        n_layers: int,
+        hidden: int,
+        seq_len: int,
+        batch: int,
+        n_heads: int = 1,
+        name: str | None = None,
+    ) -> ModelSpec:
+        """The spec of a real ``nn.Module``: Ψ counted from ``module.parameters()``.
+
+        Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+        Args:
+            module: the model (anything with ``parameters()``).
+            n_layers: L.
+            hidden: h.
+            seq_len: s (1 for a model without a sequence axis).
+            batch: B.
+            n_heads: attention heads (1 for an MLP).
+            name: a label (default: the module's class name).
+
+        Returns:
+            The ``ModelSpec``, ``bytes_per_param`` from the first parameter's dtype.
+
+        Raises:
+            PlanError: the module has no parameters, or a size < 1.
+        """
+        params = list(module.parameters())
+        if not params:
+            raise PlanError("the module has no parameters")
+        n, size, label = sum(p.numel() for p in params), params[0].element_size(), name
+        return cls(
+            n, n_layers, hidden, seq_len, batch, n_heads, size, label or type(module).__name__
+        )
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """The devices: how many, memory and sustained FLOP/s of each.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+    Args:
+        count: devices (dp·pp·tp must equal it).
+        memory_bytes: memory of one device, in bytes.
+        flops: sustained FLOP/s of one device (what a training step achieves, not the peak).
+        per_node: devices per node, when ``plan`` gets a faster ``intra_node`` network
+            (None: all on one network).
+
+    Raises:
+        PlanError: a count < 1, or memory or FLOP/s not > 0.
+    """
+
+    count: int
+    memory_bytes: float
+    flops: float
+    per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("count", self.count)
+        _positive("memory_bytes", self.memory_bytes)
+        _positive("flops", self.flops)
+        if self.per_node is not None:
+            _positive_int("per_node", self.per_node)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One configuration and what the model predicts for it.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+    Attributes:
+        dp, pp, tp: the parallel degrees (dp·pp·tp = the device count).
+        zero_stage: ZeRO stage over the dp axis (0: plain data parallelism).
+        microbatches: m, micro-batches per step (pipeline micro-batches, or accumulation
+            steps when pp = 1).
+        memory_bytes: predicted peak bytes per device (model states + activations).
+        step_s: compute_s + bubble_s + comm_s, seconds per optimizer step.
+        compute_s, comm_s, bubble_s: the parts of ``step_s``.
+        feasible: fits in memory and obeys the divisibility rules.
+        reasons: human-readable lines explaining each number, and why it fails if it does.
+        breakdown: memory parts in bytes: params, grads, optimizer, activations.
+        comm: ``comm_s`` split by axis: dp, tp, pp (seconds).
+        microbatch_size: b = B/(dp·m) sequences (0 when B is not divisible by dp·m).
+    """
+
+    dp: int
+    pp: int
+    tp: int
+    zero_stage: int
+    microbatches: int
+    memory_bytes: float
+    step_s: float
+    compute_s: float
+    comm_s: float
+    bubble_s: float
+    feasible: bool
+    reasons: list[str]
+    breakdown: dict[str, float]
+    comm: dict[str, float] = field(default_factory=dict)
+    microbatch_size: int = 0
+
+    @property
+    def label(self) -> str:
+        """``"dp2·pp1·tp2·zero1·m1"``."""
+        return f"dp{self.dp}·pp{self.pp}·tp{self.tp}·zero{self.zero_stage}·m{self.microbatches}"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _factorizations(count: int) -> list[tuple[int, int, int]]:
+    """Every (dp, pp, tp) with dp·pp·tp = count."""
+    return [
+        (count // (pp * tp), pp, tp) for pp in _divisors(count) for tp in _divisors(count // pp)
+    ]
+
+
+def _networks(
+    dp: int, pp: int, tp: int, devices: DeviceSpec, network: Network, intra: Network | None
+) -> dict[str, Network]:
+    """The network each axis's groups use: tp innermost (consecutive ranks), then pp, then dp."""
+    span = {"tp": tp, "pp": tp * pp, "dp": tp * pp * dp}  # ranks one group of the axis spans
+    if intra is None or devices.per_node is None:
+        return dict.fromkeys(span, network)
+    return {a: intra if n <= devices.per_node else network for a, n in span.items()}
+
+
+def _divisibility(model: ModelSpec, dp: int, pp: int, tp: int, m: int) -> list[str]:
+    fails = []
+    if model.n_layers % pp:
+        fails.append(f"pp={pp} does not divide n_layers={model.n_layers}")
+    if model.hidden % tp:
+        fails.append(f"tp={tp} does not divide hidden={model.hidden}")
+    if model.n_heads % tp:
+        fails.append(f"tp={tp} does not divide n_heads={model.n_heads}")
+    if model.batch % (dp * m):
+        fails.append(f"batch={model.batch} is not divisible by dp·m = {dp}·{m} = {dp * m}")
+    return fails
+
+
+# Per ZeRO stage: (all-reduces, reduce-scatters, all-gathers) of the dp shard's gradient or
+# parameter bytes per step, with m micro-batches. Stage 1 reduce-scatters once, after the last
+# micro-batch, and all-gathers the updated parameters; stage 2 keeps only its gradient shard,
+# so it reduce-scatters after every micro-batch; stage 3 also gathers the parameters for each
+# micro-batch's forward and backward (ZeRO, Rajbhandari et al. 2020, §7.2: 2Ψ for stages 0-2,
+# 3Ψ for stage 3 with m = 1).
+def _dp_comm(stage: int, m: int, n_bytes: float, dp: int, net: Network) -> tuple[float, str]:
+    counts = {0: (1, 0, 0), 1: (0, 1, 1), 2: (0, m, 1), 3: (0, m, 2 * m)}[stage]
+    names = ("all_reduce", "reduce_scatter", "all_gather")
+    t = sum(k * predict(c, n_bytes, dp, net) for k, c in zip(counts, names, strict=True) if k)
+    how = " + ".join(f"{k} {c.replace('_', '-')}" for k, c in zip(counts, names, strict=True) if k)
+    return t, how
+
+
+def _one_plan(
+    model: ModelSpec,
+    devices: DeviceSpec,
+    nets: dict[str, Network],
+    dims: tuple[int, int, int, int, int],
+    mixed: bool,
+) -> Plan:
+    dp, pp, tp, stage, m = dims
+    fails = _divisibility(model, dp, pp, tp, m)
+    if fails:
+        nan = math.nan
+        parts = dict.fromkeys(("params", "grads", "optimizer", "activations"), nan)
+        reasons = [f"infeasible: {f}" for f in fails]
+        return Plan(dp, pp, tp, stage, m, nan, nan, nan, nan, nan, False, reasons, parts, {}, 0)
+    pb = 2 if mixed else model.bytes_per_param  # working weights, gradients, activations
+    k = ADAM_MIXED_K if mixed else 2 * model.bytes_per_param  # Adam: (master +) m + v
+    psi = model.n_params / (pp * tp)  # parameters one device holds before ZeRO
+    states = zero_memory(psi, dp, stage, param_bytes=pb, grad_bytes=pb, optimizer_bytes=k)
+    b, s, h = model.batch // (dp * m), model.seq_len, model.hidden
+    in_flight = min(pp, m)  # 1F1B's bound on the first stage (Narayanan et al. 2021, §2.1)
+    per_layer = activation_bytes_per_layer(s, b, h, model.n_heads, tensor_parallel=tp)
+    per_layer *= pb / 2  # Korthikanti et al. count 16-bit activations
+    acts = per_layer * (model.n_layers // pp) * in_flight
+    memory = states.total_bytes + acts
+    tokens = model.batch * s
+    compute = 6 * model.n_params * tokens / (devices.count * devices.flops)
+    bubble = compute * (pp - 1) / m
+    dp_s, dp_how = _dp_comm(stage, m, pb * psi, dp, nets["dp"])
+    act_msg = pb * b * s * h  # one b·s·h activation
+    layers = model.n_layers // pp
+    tp_s = m * layers * 4 * predict("all_reduce", act_msg, tp, nets["tp"])
+    pp_s = 2 * m * nets["pp"].p2p_time_s(act_msg) if pp > 1 else 0.0
+    comm = dp_s + tp_s + pp_s
+    step = compute + bubble + comm
+    over = memory - devices.memory_bytes
+    reasons = [
+        f"b = B/(dp·m) = {model.batch}/({dp}·{m}) = {b} sequences per micro-batch; "
+        f"{psi:,.4g} parameters per device (Ψ/(pp·tp))",
+        f"memory {memory / GB:.4g} GB = params {states.params_bytes / GB:.4g} + grads "
+        f"{states.grads_bytes / GB:.4g} + optimizer {states.optimizer_bytes / GB:.4g} "
+        f"(ZeRO-{stage} over dp={dp}) + activations {acts / GB:.4g} ({layers} layers × "
+        f"{in_flight} micro-batch(es) in flight × {per_layer / GB:.4g} GB)",
+        f"compute 6·Ψ·B·s / (devices·FLOP/s) = {compute:.4g} s",
+        f"bubble (pp−1)/m · compute = {pp - 1}/{m} · {compute:.4g} = {bubble:.4g} s"
+        if pp > 1
+        else f"m = {m}: accumulation steps, one micro-batch's activations at a time",
+        f"dp: {dp_how} of {pb * psi:,.0f} B over {dp} ranks = {dp_s:.4g} s",
+        f"tp: {m}·{layers}·4 all-reduces of {act_msg:,.0f} B over {tp} ranks = {tp_s:.4g} s"
+        if tp > 1
+        else "tp = 1: no tensor-parallel all-reduces",
+        f"pp: 2·{m} p2p messages of {act_msg:,.0f} B = {pp_s:.4g} s"
+        if pp > 1
+        else "pp = 1: no pipeline messages, no bubble",
+        f"step {step:.4g} s = compute + bubble + comm ({comm:.4g} s, not overlapped)",
+    ]
+    if over > 0:
+        reasons.append(
+            f"does not fit: memory over budget by {over / GB:.4g} GB "
+            f"({memory / GB:.4g} GB > {devices.memory_bytes / GB:.4g} GB)"
+        )
+    breakdown = {
+        "params": states.params_bytes,
+        "grads": states.grads_bytes,
+        "optimizer": states.optimizer_bytes,
+        "activations": acts,
+    }
+    axes = {"dp": dp_s, "tp": tp_s, "pp": pp_s}
+    return Plan(
+        dp, pp, tp, stage, m, memory, step, compute, comm, bubble, over <= 0, reasons,
+        breakdown, axes, b,
+    )  # fmt: skip
+
+
+def plan(
+    model: ModelSpec,
+    devices: DeviceSpec,
+    network: Network,
+    *,
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3),
+    max_microbatches: int | None = None,
+    mixed_precision: bool = False,
+    intra_node: Network | None = None,
+) -> list[Plan]:
+    """Every (dp, pp, tp, ZeRO stage, micro-batches) for ``devices.count`` devices, best first.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb. The model of memory and time is this
+    module's docstring. Micro-batch counts tried: the divisors m of B/dp (at most
+    ``max_microbatches``); a dp that does not divide B gives one infeasible row with m = 1.
+
+    Args:
+        model: the ``ModelSpec``.
+        devices: the ``DeviceSpec``.
+        network: the network every axis communicates over (``lk.Network``).
+        zero_stages: ZeRO stages to try over the dp axis.
+        max_microbatches: the largest m to try (None: every divisor of B/dp).
+        mixed_precision: 16-bit weights, gradients and activations with fp32 master weights
+            and Adam states (ZeRO's 2 + 2 + 12 bytes); otherwise ``bytes_per_param`` for all
+            and Adam's two states.
+        intra_node: a faster network for groups inside one node of ``devices.per_node``
+            devices (tp is innermost, then pp, then dp; None: ``network`` everywhere).
+
+    Returns:
+        Feasible plans sorted by ``step_s`` (then memory), then infeasible ones (over memory
+        sorted the same way, then those breaking a divisibility rule), each with its reasons.
+
+    Raises:
+        PlanError: ``model`` or ``devices`` of the wrong type, no ZeRO stage or an unknown
+            one, ``max_microbatches`` < 1.
+    """
+    if not isinstance(model, ModelSpec):
+        raise PlanError(f"model must be a ModelSpec, got {type(model).__name__}")
+    if not isinstance(devices, DeviceSpec):
+        raise PlanError(f"devices must be a DeviceSpec, got {type(devices).__name__}")
+    if not isinstance(network, Network):
+        raise PlanError(f"network must be an lk.Network, got {type(network).__name__}")
+    stages = tuple(zero_stages)
+    if not stages or any(isinstance(z, bool) or z not in STAGES for z in stages):
+        raise PlanError(f"zero_stages must be a non-empty subset of {STAGES}, got {stages!r}")
+    if max_microbatches is not None:
+        _positive_int("max_microbatches", max_microbatches)
+    plans = []
+    for dp, pp, tp in _factorizations(devices.count):
+        nets = _networks(dp, pp, tp, devices, network, intra_node)
+        if model.batch % dp:
+            ms = [1]
+        else:
+            ms = [m for m in _divisors(model.batch // dp) if m <= (max_microbatches or m)]
+        for stage in dict.fromkeys(stages):
+            for m in ms:
+                plans.append(
+                    _one_plan(model, devices, nets, (dp, pp, tp, stage, m), mixed_precision)
+                )
+
+    def key(p: Plan) -> tuple:
+        broken = math.isnan(p.step_s)
+        step, mem = (math.inf, math.inf) if broken else (p.step_s, p.memory_bytes)
+        return (not p.feasible, broken, step, mem, p.dp, p.pp, p.tp, p.zero_stage, p.microbatches)
+
+    return sorted(plans, key=key)
