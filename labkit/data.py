@@ -1,14 +1,18 @@
-"""Datasets that need no download: scikit-learn's handwritten digits and synthetic data.
+"""Datasets that need no download: scikit-learn's digits, synthetic data, a character corpus.
 
 Introduced in notebooks/06_data_parallel.ipynb.
 
 scikit-learn ships the UCI optical-recognition digits (1,797 images of 8×8 pixels, 16 grey
 levels, 10 classes) inside the package, so the course trains on real data offline. Synthetic
-regression data comes with its true weights, for lessons that need a known answer.
+regression data comes with its true weights, for lessons that need a known answer. The
+character corpus (notebooks/17_capstone.ipynb) is real English text read from files installed
+with scikit-learn: the descriptions of its datasets (``sklearn/datasets/descr/*.rst``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,7 +21,14 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-__all__ = ["digits", "shard_loader", "synthetic_regression"]
+__all__ = [
+    "CharCorpus",
+    "char_corpus",
+    "corpus_files",
+    "digits",
+    "shard_loader",
+    "synthetic_regression",
+]
 
 
 def digits(
@@ -144,3 +155,127 @@ def shard_loader(
         drop_last=drop_last,
     )
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+
+
+def corpus_files() -> list[Path]:
+    """The text files ``char_corpus`` reads: scikit-learn's dataset descriptions, sorted by name.
+
+    Introduced in notebooks/17_capstone.ipynb.
+
+    Returns:
+        Paths of ``sklearn/datasets/descr/*.rst`` in the installed scikit-learn.
+
+    Raises:
+        FileNotFoundError: the installed scikit-learn ships no such files.
+    """
+    import sklearn
+
+    files = sorted((Path(sklearn.__file__).parent / "datasets" / "descr").glob("*.rst"))
+    if not files:
+        raise FileNotFoundError("no sklearn/datasets/descr/*.rst in the installed scikit-learn")
+    return files
+
+
+@dataclass(frozen=True)
+class CharCorpus:
+    """A text as character ids, split into a training head and a validation tail.
+
+    Introduced in notebooks/17_capstone.ipynb. The vocabulary is every distinct character of
+    the text in sorted order (nanoGPT's ``shakespeare_char`` preparation): id ``i`` is
+    ``chars[i]``.
+
+    Attributes:
+        text: the whole text.
+        chars: the vocabulary, sorted.
+        train: ids of the first ``1 - val_fraction`` of the text (int64).
+        val: ids of the rest.
+        sources: names of the files the text came from.
+    """
+
+    text: str
+    chars: str
+    train: torch.Tensor
+    val: torch.Tensor
+    sources: tuple[str, ...]
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of distinct characters."""
+        return len(self.chars)
+
+    def encode(self, s: str) -> torch.Tensor:
+        """Ids of the characters of ``s`` (int64); a character outside the vocabulary raises."""
+        index = {c: i for i, c in enumerate(self.chars)}
+        missing = sorted(set(s) - index.keys())
+        if missing:
+            raise ValueError(f"characters not in the vocabulary: {missing}")
+        return torch.tensor([index[c] for c in s], dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        """The text of a sequence of ids."""
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def batch(
+        self,
+        batch_size: int,
+        seq_len: int,
+        split: str = "train",
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows of the text: inputs and the next character at each position.
+
+        Args:
+            batch_size: B windows.
+            seq_len: T characters each.
+            split: ``"train"`` or ``"val"``.
+            generator: picks the windows' starts (pass a seeded one: same batch everywhere).
+
+        Returns:
+            ``(x, y)``, both (B, T) int64, ``y[:, t] = x[:, t + 1]`` within the text.
+
+        Raises:
+            ValueError: an unknown split, or a window longer than the split.
+        """
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        ids = self.train if split == "train" else self.val
+        if not 1 <= seq_len < len(ids) or batch_size < 1:
+            raise ValueError(
+                f"need batch_size >= 1 and 1 <= seq_len < {len(ids)} ({split} characters), "
+                f"got {batch_size}, {seq_len}"
+            )
+        starts = torch.randint(0, len(ids) - seq_len, (batch_size,), generator=generator)
+        window = starts[:, None] + torch.arange(seq_len + 1)  # (B, T + 1)
+        chunk = ids[window]
+        return chunk[:, :-1], chunk[:, 1:]
+
+
+def char_corpus(
+    val_fraction: float = 0.1, files: list[Path] | list[str] | None = None
+) -> CharCorpus:
+    """Real English text from files on disk, as a character-level corpus: no download.
+
+    Introduced in notebooks/17_capstone.ipynb.
+
+    Args:
+        val_fraction: share of the text, at its end, kept for validation.
+        files: text files to read (default ``corpus_files()``: scikit-learn's dataset
+            descriptions, about 43,000 characters).
+
+    Returns:
+        The ``CharCorpus``; its files joined by a blank line, in the order given.
+
+    Raises:
+        ValueError: a fraction outside (0, 1), or no text.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    paths = [Path(f) for f in (corpus_files() if files is None else files)]
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in paths)
+    if len(text) < 2:
+        raise ValueError(f"the corpus needs at least 2 characters, got {len(text)}")
+    chars = "".join(sorted(set(text)))
+    index = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
+    n_train = len(ids) - max(1, round(len(ids) * val_fraction))
+    return CharCorpus(text, chars, ids[:n_train], ids[n_train:], tuple(p.name for p in paths))
