@@ -1,0 +1,356 @@
+"""Device meshes: parallel degrees in one validated dataclass, their groups, hybrid training.
+
+Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+``ParallelDims(dp, pp, tp)`` names how the ranks are shared among data, pipeline and tensor
+parallelism (torchtitan's ``ParallelDims``; Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", §3: PTD-P). The ranks form a
+row-major grid dp × pp × tp, tp innermost, so a tensor-parallel group is consecutive ranks
+(in one node, on the fastest links) and a data-parallel group strides over the others, as
+``torch.distributed.device_mesh.init_device_mesh`` lays out a mesh of that shape.
+
+Two hybrids, composed from the single techniques of notebooks 06, 11 and 12, each acting on
+the group of its own axis:
+
+- DP×TP (``train_dp_tp``): Megatron's column/row-parallel layers inside each tp group
+  (``apply_tensor_parallel``), gradients averaged across the dp group (``DataParallelNaive``);
+- DP×PP (``train_dp_pp``): each pp group runs the 1F1B schedule over labkit's pipeline
+  runtime on its share of the batch, then the dp group averages the stages' gradients.
+
+Both train to the same parameters as one process on the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.parallel.ddp.naive import DataParallelNaive
+from labkit.parallel.pipeline import one_f_one_b
+from labkit.parallel.pipeline.runtime import run_schedule
+from labkit.parallel.pipeline.split import output_shapes, split_sequential
+from labkit.parallel.tensor import apply_tensor_parallel
+
+__all__ = [
+    "AXES",
+    "ParallelDims",
+    "axis_group",
+    "axis_rank",
+    "build_mesh",
+    "coordinates",
+    "dp_shard",
+    "train_dp_pp",
+    "train_dp_tp",
+]
+
+AXES = ("dp", "pp", "tp")  # outermost to innermost, the mesh's order
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Data-, pipeline- and tensor-parallel degrees whose product is the world size.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb (torchtitan's ``ParallelDims``).
+
+    Args:
+        dp: data-parallel degree (replicas, each on its own share of the batch).
+        pp: pipeline-parallel degree (stages).
+        tp: tensor-parallel degree (shards of every layer).
+        world_size: the number of ranks (None: dp·pp·tp).
+
+    Raises:
+        ValueError: a degree that is not an int ≥ 1, or dp·pp·tp ≠ world_size (the message
+            shows the arithmetic and the factorizations that would fit).
+    """
+
+    dp: int
+    pp: int = 1
+    tp: int = 1
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for axis in (*AXES, "world_size"):
+            v = getattr(self, axis)
+            if v is None and axis == "world_size":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{axis} must be an int >= 1, got {v!r}")
+        product = self.dp * self.pp * self.tp
+        if self.world_size is None:
+            object.__setattr__(self, "world_size", product)
+        elif product != self.world_size:
+            n = self.world_size
+            fits = [f"dp={n // (p * t)}, pp={p}, tp={t}" for p, t in _pairs(n)]
+            raise ValueError(
+                f"dp({self.dp}) * pp({self.pp}) * tp({self.tp}) = {product} != "
+                f"world_size({n}): choose degrees whose product is the number of ranks, "
+                f"e.g. {'; '.join(fits[:6])}"
+            )
+
+    def degree(self, axis: str) -> int:
+        """The degree of ``axis`` (``"dp"``, ``"pp"`` or ``"tp"``)."""
+        if axis not in AXES:
+            raise ValueError(f"unknown axis {axis!r}; axes: {AXES}")
+        return getattr(self, axis)
+
+    @property
+    def mesh_axes(self) -> tuple[str, ...]:
+        """The axes of degree > 1, in mesh order (``("dp",)`` when every degree is 1)."""
+        return tuple(a for a in AXES if self.degree(a) > 1) or ("dp",)
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The degrees of ``mesh_axes``."""
+        return tuple(self.degree(a) for a in self.mesh_axes)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Rank ``rank``'s position on each axis of the row-major dp × pp × tp grid."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside 0..{self.world_size - 1}")
+        dp_rank, rest = divmod(rank, self.pp * self.tp)
+        pp_rank, tp_rank = divmod(rest, self.tp)
+        return {"dp": dp_rank, "pp": pp_rank, "tp": tp_rank}
+
+    def group_ranks(self, axis: str) -> list[list[int]]:
+        """Every group of ``axis``: the ranks that differ only in their ``axis`` coordinate.
+
+        Introduced in notebooks/14_hybrid_parallel.ipynb: pure arithmetic, checked against
+        ``init_device_mesh``'s own groups.
+
+        Args:
+            axis: ``"dp"``, ``"pp"`` or ``"tp"``.
+
+        Returns:
+            One sorted list of global ranks per group, ordered by their first rank.
+        """
+        self.degree(axis)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r in range(self.world_size):
+            c = self.coordinates(r)
+            groups.setdefault(tuple(c[a] for a in AXES if a != axis), []).append(r)
+        return sorted(groups.values())
+
+
+def _pairs(n: int) -> list[tuple[int, int]]:
+    """Every (pp, tp) with pp·tp dividing n."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return [(p, t) for p in divisors for t in divisors if n % (p * t) == 0]
+
+
+def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> Any:
+    """``init_device_mesh`` over the axes of degree > 1, named ``"dp"``, ``"pp"``, ``"tp"``.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb. Call it on every rank, inside an
+    initialised default group (``lk.launch`` provides one).
+
+    Args:
+        dims: the degrees; ``dims.world_size`` must be the default group's size.
+        device_type: ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        torch.distributed.device_mesh.DeviceMesh: shape ``dims.mesh_shape``, names
+        ``dims.mesh_axes``.
+
+    Raises:
+        ValueError: the default group's size is not ``dims.world_size``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.get_world_size() != dims.world_size:
+        raise ValueError(
+            f"{dims} needs {dims.world_size} ranks, but {dist.get_world_size()} are running"
+        )
+    return init_device_mesh(device_type, dims.mesh_shape, mesh_dim_names=dims.mesh_axes)
+
+
+def axis_group(mesh: Any, axis: str) -> dist.ProcessGroup:
+    """The process group of this rank along ``axis`` of ``mesh``.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+    Args:
+        mesh: from ``build_mesh``.
+        axis: one of ``mesh.mesh_dim_names``.
+
+    Returns:
+        The ProcessGroup of the ranks that share every other coordinate with this one.
+
+    Raises:
+        ValueError: ``axis`` is not in the mesh (its degree is 1: nothing to communicate).
+    """
+    if axis not in (mesh.mesh_dim_names or ()):
+        raise ValueError(
+            f"the mesh has axes {mesh.mesh_dim_names}; {axis!r} has degree 1 and no group"
+        )
+    return mesh[axis].get_group()
+
+
+def axis_rank(mesh: Any, axis: str) -> int:
+    """This rank's coordinate along ``axis`` (0 for an axis of degree 1, absent from the mesh).
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+    """
+    if axis not in AXES:
+        raise ValueError(f"unknown axis {axis!r}; axes: {AXES}")
+    return mesh.get_local_rank(axis) if axis in (mesh.mesh_dim_names or ()) else 0
+
+
+def coordinates(mesh: Any) -> dict[str, int]:
+    """This rank's ``{"dp", "pp", "tp"}`` coordinates in ``mesh``.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+    """
+    return {a: axis_rank(mesh, a) for a in AXES}
+
+
+def dp_shard(t: torch.Tensor, dims: ParallelDims, mesh: Any) -> torch.Tensor:
+    """This rank's contiguous share of the global batch ``t`` along its dp coordinate.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb.
+
+    Raises:
+        ValueError: the batch is not divisible by dp (unequal shares would bias the mean).
+    """
+    if t.shape[0] % dims.dp:
+        raise ValueError(f"batch {t.shape[0]} is not divisible by dp={dims.dp}")
+    n = t.shape[0] // dims.dp
+    r = axis_rank(mesh, "dp")
+    return t[r * n : (r + 1) * n]
+
+
+def _sgd(params: list[nn.Parameter], lr: float) -> None:
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
+
+
+def train_dp_tp(
+    model: nn.Module,
+    tp_plan: dict[str, str],
+    dims: ParallelDims,
+    mesh: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    steps: int,
+    lr: float,
+) -> tuple[nn.Module, list[float]]:
+    """Train ``model`` with tensor parallelism in each tp group and data parallelism across.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb (Narayanan et al. 2021, §2.3 and §3).
+    Every rank starts from the same ``model`` (same seed). Its layers named in ``tp_plan``
+    become Megatron shards over the tp group (``apply_tensor_parallel``); the result is wrapped
+    in ``DataParallelNaive`` over the dp group, which averages every gradient after backward.
+    Each step: this dp rank's share of ``(x, y)``, forward, backward, plain SGD.
+
+    Args:
+        model: the unsplit model (modified in place).
+        tp_plan: as ``apply_tensor_parallel`` (e.g. ``{"0.fc1": "colwise", "0.fc2": "rowwise"}``).
+        dims: the degrees (pp must be 1).
+        mesh: from ``build_mesh(dims)``.
+        x, y: the global batch, the same on every rank.
+        loss_fn: mean over the batch.
+        steps: optimizer steps.
+        lr: SGD learning rate.
+
+    Returns:
+        (the tensor-parallel model, unwrapped, whose parameters are this rank's shards; the
+        loss of each step on this rank's share of the batch).
+
+    Raises:
+        ValueError: pp > 1, or the batch is not divisible by dp.
+    """
+    if dims.pp != 1:
+        raise ValueError(f"train_dp_tp needs pp=1, got {dims}")
+    if dims.tp > 1:
+        apply_tensor_parallel(model, tp_plan, axis_group(mesh, "tp"))
+    replica = DataParallelNaive(model, axis_group(mesh, "dp")) if dims.dp > 1 else model
+    xs, ys = dp_shard(x, dims, mesh), dp_shard(y, dims, mesh)
+    params = [p for p in model.parameters() if p.requires_grad]
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(replica(xs), ys)
+        loss.backward()  # DataParallelNaive has averaged the gradients over dp when it returns
+        _sgd(params, lr)
+        losses.append(float(loss.detach()))
+    return model, losses
+
+
+def train_dp_pp(
+    model: nn.Sequential,
+    dims: ParallelDims,
+    mesh: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    steps: int,
+    lr: float,
+    n_microbatches: int,
+) -> tuple[nn.Module, list[float | None]]:
+    """Train ``model`` with a 1F1B pipeline in each pp group and data parallelism across.
+
+    Introduced in notebooks/14_hybrid_parallel.ipynb (Narayanan et al. 2021, §2.2 and §3).
+    ``model`` is cut into ``pp`` stages (``split_sequential``); this rank keeps stage
+    ``pp_rank``. Each step, the pp group runs ``one_f_one_b(pp, m)`` over
+    ``run_schedule`` on this dp rank's share of the batch (gradients accumulate over the m
+    micro-batches), then each stage's gradients are averaged over the dp group — one
+    all-reduce per parameter, once per step — and SGD updates the stage.
+
+    Args:
+        model: an ``nn.Sequential`` with at least ``pp`` layers, the same on every rank.
+        dims: the degrees (tp must be 1).
+        mesh: from ``build_mesh(dims)``.
+        x, y: the global batch, the same on every rank.
+        loss_fn: mean over the micro-batch.
+        steps: optimizer steps.
+        lr: SGD learning rate.
+        n_microbatches: m, micro-batches per step (must divide the dp share of the batch).
+
+    Returns:
+        (this rank's stage, whose layers are ``model``'s own objects; each step's loss on
+        the last stage's ranks, None elsewhere).
+
+    Raises:
+        ValueError: tp > 1, or a batch that dp·m does not divide.
+    """
+    if dims.tp != 1:
+        raise ValueError(f"train_dp_pp needs tp=1, got {dims}")
+    xs, ys = dp_shard(x, dims, mesh), dp_shard(y, dims, mesh)
+    if xs.shape[0] % n_microbatches:
+        raise ValueError(f"dp share {xs.shape[0]} is not divisible by {n_microbatches=}")
+    stages = split_sequential(model, dims.pp)
+    pp_rank = axis_rank(mesh, "pp")
+    inputs, targets = list(xs.chunk(n_microbatches)), list(ys.chunk(n_microbatches))
+    shapes = output_shapes(stages, inputs[0])
+    schedule = one_f_one_b(dims.pp, n_microbatches)
+    pp_group = axis_group(mesh, "pp") if dims.pp > 1 else None
+    dp_group = axis_group(mesh, "dp") if dims.dp > 1 else None
+    params = [p for p in stages[pp_rank].parameters() if p.requires_grad]
+    losses: list[float | None] = []
+    for _ in range(steps):
+        if pp_group is None:  # one stage: the pipeline is plain accumulation
+            total = 0.0
+            for a, b in zip(inputs, targets, strict=True):
+                loss = loss_fn(stages[0](a), b) / n_microbatches
+                loss.backward()
+                total += float(loss.detach())
+            losses.append(total)
+        else:
+            res = run_schedule(
+                schedule, {pp_rank: stages[pp_rank]}, inputs, targets, loss_fn, shapes, pp_group
+            )
+            losses.append(res.loss)
+        if dp_group is not None:
+            for p in params:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
+                p.grad.div_(dims.dp)
+        _sgd(params, lr)
+    return stages[pp_rank], losses
