@@ -1,0 +1,191 @@
+"""One rank's share of a TinyGPT under a ``Strategy``: its step, evaluation, bytes and full state.
+
+Introduced in notebooks/17_capstone.ipynb. Each setup reuses the course's techniques:
+``lk.parallel.ddp.DataParallelBucketed`` (dp), ``lk.parallel.zero.ZeroOptimizer`` (ZeRO-1/2/3),
+``apply_fully_shard`` (FSDP2), ``apply_tensor_parallel`` with Megatron's block plan (tp),
+``run_schedule`` with 1F1B (pp); data parallelism across tp or pp groups averages the
+gradients with one all-reduce per parameter (notebook 06's from-scratch DDP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from labkit.capstone.strategy import Strategy
+from labkit.models import TinyGPT
+from labkit.parallel.zero.base import storage_bytes
+
+__all__ = ["Groups", "RankSetup", "gpt_stages", "lm_loss", "make_groups", "make_setup"]
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of logits (B, T, V) against targets (B, T)."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten().long())
+
+
+def gpt_stages(model: TinyGPT, pp: int) -> list[nn.Sequential]:
+    """Cut a TinyGPT into ``pp`` stages of L/pp blocks; the embedding joins the first stage and
+    the head the last (Megatron-LM's placement: Narayanan et al. 2021, §2.2).
+
+    Introduced in notebooks/17_capstone.ipynb.
+
+    Args:
+        model: the model (stages share its layers).
+        pp: stages; must divide the number of blocks.
+
+    Returns:
+        The stages, in order.
+
+    Raises:
+        ValueError: ``pp`` does not divide the number of blocks.
+    """
+    L = model.n_layers
+    if pp < 1 or L % pp:
+        raise ValueError(f"pp({pp}) must divide n_layers({L})")
+    k = L // pp
+    bounds = [0] + [1 + k * (s + 1) for s in range(pp - 1)] + [L + 2]
+    return [nn.Sequential(*list(model)[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+class Groups:
+    """This rank's coordinates and its data-, pipeline- and tensor-parallel groups.
+
+    Every rank creates every group, in the same order (``dist.new_group`` is collective).
+    """
+
+    def __init__(self, strategy: Strategy, rank: int, timeout_s: float) -> None:
+        s, t = strategy, timedelta(seconds=timeout_s)
+        self.dp_rank, self.pp_rank, self.tp_rank = s.coords(rank)
+
+        def rank_of(d: int, p: int, q: int) -> int:
+            return (d * s.pp + p) * s.tp + q
+
+        def pick(families: list[list[int]]) -> dist.ProcessGroup:
+            mine = None
+            for members in families:
+                g = dist.new_group(members, timeout=t)
+                mine = g if rank in members else mine
+            return mine
+
+        P, Q, D = range(s.pp), range(s.tp), range(s.dp)
+        self.dp = pick([[rank_of(d, p, q) for d in D] for p in P for q in Q])
+        self.pp = pick([[rank_of(d, p, q) for p in P] for d in D for q in Q])
+        self.tp = pick([[rank_of(d, p, q) for q in Q] for d in D for p in P])
+
+
+def make_groups(strategy: Strategy, rank: int, timeout_s: float = 60.0) -> Groups:
+    """Create the process groups of ``strategy`` (call on every rank). See ``Groups``."""
+    return Groups(strategy, rank, timeout_s)
+
+
+class RankSetup:
+    """What the training loop needs from one rank, whatever the strategy.
+
+    Attributes:
+        step: ``step(x, y)`` runs forward, backward and the optimizer on this rank's share of
+            the batch (its dp slice); returns the loss if this rank computes it, else None.
+        evaluate: ``evaluate(x, y)`` the loss without gradients (same convention).
+        state_bytes: ``{"params", "grads", "optimizer"}`` bytes this rank holds (distinct
+            storages counted, as notebook 13 does).
+        full_state: collective; every parameter in full, by the unsplit model's names.
+    """
+
+    def __init__(
+        self,
+        step: Callable[[torch.Tensor, torch.Tensor], float | None],
+        evaluate: Callable[[torch.Tensor, torch.Tensor], float | None],
+        state_bytes: Callable[[], dict[str, int]],
+        full_state: Callable[[], dict[str, torch.Tensor]],
+    ) -> None:
+        self.step, self.evaluate = step, evaluate
+        self.state_bytes, self.full_state = state_bytes, full_state
+
+
+def _bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    seen: set[int] = set()
+    states = [t for st in optimizer.state.values() for t in st.values()]
+    return {
+        "params": storage_bytes(params, seen),
+        "grads": storage_bytes([p.grad for p in params], seen),
+        "optimizer": storage_bytes([t for t in states if isinstance(t, torch.Tensor)], seen),
+    }
+
+
+def _average(params: list[torch.Tensor], group: dist.ProcessGroup, n: int) -> None:
+    if n > 1:
+        for p in params:
+            dist.all_reduce(p.grad, group=group)
+            p.grad.div_(n)
+
+
+def _plain_step(model, params, opt, groups, n_dp) -> Callable:
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        opt.zero_grad(set_to_none=False)
+        loss = lm_loss(model(x), y)
+        loss.backward()
+        _average(params, groups.dp, n_dp)
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def _evaluate(model: nn.Module) -> Callable:
+    @torch.no_grad()
+    def evaluate(x: torch.Tensor, y: torch.Tensor) -> float:
+        return lm_loss(model(x), y).item()
+
+    return evaluate
+
+
+def make_setup(
+    strategy: Strategy, groups: Groups, make_model: Callable[[], TinyGPT], lr: float
+) -> RankSetup:
+    """Build this rank's part of the model under ``strategy``, with Adam at ``lr``.
+
+    Introduced in notebooks/17_capstone.ipynb.
+
+    Args:
+        strategy: the strategy.
+        groups: this rank's groups (``make_groups``).
+        make_model: builds the same TinyGPT on every rank (same seed).
+        lr: Adam's learning rate.
+
+    Returns:
+        The ``RankSetup``.
+    """
+    from labkit.capstone import sharded
+
+    s = strategy
+    if s.pp > 1:
+        return sharded.pipeline_setup(s, groups, make_model, lr)
+    if s.tp > 1:
+        return sharded.tensor_setup(s, groups, make_model, lr)
+    if s.fsdp:
+        return sharded.fsdp_setup(groups, make_model, lr)
+    if s.zero_stage:
+        return sharded.zero_setup(s, groups, make_model, lr)
+    from labkit.parallel.ddp import DataParallelBucketed
+
+    model = make_model()
+    ddp = DataParallelBucketed(model, group=groups.dp)
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=lr)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float:
+        opt.zero_grad(set_to_none=False)
+        loss = lm_loss(ddp(x), y)
+        loss.backward()  # buckets all-reduced (averaged) during backward
+        opt.step()
+        return loss.item()
+
+    def full_state() -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    return RankSetup(step, _evaluate(model), lambda: _bytes(params, opt), full_state)
