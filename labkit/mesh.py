@@ -13,7 +13,8 @@ Two hybrids, composed from the single techniques of notebooks 06, 11 and 12, eac
 the group of its own axis:
 
 - DP×TP (``train_dp_tp``): Megatron's column/row-parallel layers inside each tp group
-  (``apply_tensor_parallel``), gradients averaged across the dp group (``DataParallelNaive``);
+  (``apply_tensor_parallel``), gradients averaged across the dp group in buckets
+  (``DataParallelBucketed``, one all-reduce per bucket);
 - DP×PP (``train_dp_pp``): each pp group runs the 1F1B schedule over labkit's pipeline
   runtime on its share of the batch, then the dp group averages the stages' gradients.
 
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from labkit.parallel.ddp.naive import DataParallelNaive
+from labkit.parallel.ddp.bucketed import DataParallelBucketed
 from labkit.parallel.pipeline import one_f_one_b
 from labkit.parallel.pipeline.runtime import run_schedule
 from labkit.parallel.pipeline.split import output_shapes, split_sequential
@@ -224,6 +225,17 @@ def dp_shard(t: torch.Tensor, dims: ParallelDims, mesh: Any) -> torch.Tensor:
     return t[r * n : (r + 1) * n]
 
 
+def _average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
+    """Average ``params``' gradients over ``group`` with one all-reduce of them all, flattened."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 def _sgd(params: list[nn.Parameter], lr: float) -> None:
     with torch.no_grad():
         for p in params:
@@ -242,13 +254,15 @@ def train_dp_tp(
     loss_fn: LossFn,
     steps: int,
     lr: float,
+    bucket_cap_mb: float = 25.0,
 ) -> tuple[nn.Module, list[float]]:
     """Train ``model`` with tensor parallelism in each tp group and data parallelism across.
 
     Introduced in notebooks/14_hybrid_parallel.ipynb (Narayanan et al. 2021, §2.3 and §3).
     Every rank starts from the same ``model`` (same seed). Its layers named in ``tp_plan``
     become Megatron shards over the tp group (``apply_tensor_parallel``); the result is wrapped
-    in ``DataParallelNaive`` over the dp group, which averages every gradient after backward.
+    in ``DataParallelBucketed`` over the dp group, which averages the gradients in buckets
+    while backward runs (one all-reduce per bucket).
     Each step: this dp rank's share of ``(x, y)``, forward, backward, plain SGD.
 
     Args:
@@ -260,6 +274,7 @@ def train_dp_tp(
         loss_fn: mean over the batch.
         steps: optimizer steps.
         lr: SGD learning rate.
+        bucket_cap_mb: the dp buckets' size cap in MiB (as torch DDP's argument).
 
     Returns:
         (the tensor-parallel model, unwrapped, whose parameters are this rank's shards; the
@@ -272,13 +287,15 @@ def train_dp_tp(
         raise ValueError(f"train_dp_tp needs pp=1, got {dims}")
     if dims.tp > 1:
         apply_tensor_parallel(model, tp_plan, axis_group(mesh, "tp"))
-    replica = DataParallelNaive(model, axis_group(mesh, "dp")) if dims.dp > 1 else model
+    replica = model
+    if dims.dp > 1:
+        replica = DataParallelBucketed(model, axis_group(mesh, "dp"), bucket_cap_mb=bucket_cap_mb)
     xs, ys = dp_shard(x, dims, mesh), dp_shard(y, dims, mesh)
     params = [p for p in model.parameters() if p.requires_grad]
     losses = []
     for _ in range(steps):
         loss = loss_fn(replica(xs), ys)
-        loss.backward()  # DataParallelNaive has averaged the gradients over dp when it returns
+        loss.backward()  # the buckets are averaged over dp when it returns
         _sgd(params, lr)
         losses.append(float(loss.detach()))
     return model, losses
@@ -302,7 +319,7 @@ def train_dp_pp(
     ``pp_rank``. Each step, the pp group runs ``one_f_one_b(pp, m)`` over
     ``run_schedule`` on this dp rank's share of the batch (gradients accumulate over the m
     micro-batches), then each stage's gradients are averaged over the dp group — one
-    all-reduce per parameter, once per step — and SGD updates the stage.
+    all-reduce of all of them, flattened, once per step — and SGD updates the stage.
 
     Args:
         model: an ``nn.Sequential`` with at least ``pp`` layers, the same on every rank.
@@ -349,8 +366,6 @@ def train_dp_pp(
             )
             losses.append(res.loss)
         if dp_group is not None:
-            for p in params:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
-                p.grad.div_(dims.dp)
+            _average_gradients(params, dp_group)
         _sgd(params, lr)
     return stages[pp_rank], losses

@@ -261,6 +261,7 @@ def _one_plan(
     nets: dict[str, Network],
     dims: tuple[int, int, int, int, int],
     mixed: bool,
+    tp_ar: int,
 ) -> Plan:
     dp, pp, tp, stage, m = dims
     fails = _divisibility(model, dp, pp, tp, m)
@@ -285,7 +286,7 @@ def _one_plan(
     dp_s, dp_how = _dp_comm(stage, m, pb * psi, dp, nets["dp"])
     act_msg = pb * b * s * h  # one b·s·h activation
     layers = model.n_layers // pp
-    tp_s = m * layers * 4 * predict("all_reduce", act_msg, tp, nets["tp"])
+    tp_s = m * layers * tp_ar * predict("all_reduce", act_msg, tp, nets["tp"])
     pp_s = 2 * m * nets["pp"].p2p_time_s(act_msg) if pp > 1 else 0.0
     comm = dp_s + tp_s + pp_s
     step = compute + bubble + comm
@@ -302,7 +303,7 @@ def _one_plan(
         if pp > 1
         else f"m = {m}: accumulation steps, one micro-batch's activations at a time",
         f"dp: {dp_how} of {pb * psi:,.0f} B over {dp} ranks = {dp_s:.4g} s",
-        f"tp: {m}·{layers}·4 all-reduces of {act_msg:,.0f} B over {tp} ranks = {tp_s:.4g} s"
+        f"tp: {m}·{layers}·{tp_ar} all-reduces of {act_msg:,.0f} B over {tp} ranks = {tp_s:.4g} s"
         if tp > 1
         else "tp = 1: no tensor-parallel all-reduces",
         f"pp: 2·{m} p2p messages of {act_msg:,.0f} B = {pp_s:.4g} s"
@@ -337,6 +338,7 @@ def plan(
     max_microbatches: int | None = None,
     mixed_precision: bool = False,
     intra_node: Network | None = None,
+    tp_all_reduces_per_layer: int = 4,
 ) -> list[Plan]:
     """Every (dp, pp, tp, ZeRO stage, micro-batches) for ``devices.count`` devices, best first.
 
@@ -355,6 +357,8 @@ def plan(
             and Adam's two states.
         intra_node: a faster network for groups inside one node of ``devices.per_node``
             devices (tp is innermost, then pp, then dp; None: ``network`` everywhere).
+        tp_all_reduces_per_layer: b·s·h all-reduces per layer and micro-batch under tensor
+            parallelism (4: Megatron's transformer layer; 2: an MLP block alone).
 
     Returns:
         Feasible plans sorted by ``step_s`` (then memory), then infeasible ones (over memory
@@ -364,17 +368,15 @@ def plan(
         PlanError: ``model`` or ``devices`` of the wrong type, no ZeRO stage or an unknown
             one, ``max_microbatches`` < 1.
     """
-    if not isinstance(model, ModelSpec):
-        raise PlanError(f"model must be a ModelSpec, got {type(model).__name__}")
-    if not isinstance(devices, DeviceSpec):
-        raise PlanError(f"devices must be a DeviceSpec, got {type(devices).__name__}")
-    if not isinstance(network, Network):
-        raise PlanError(f"network must be an lk.Network, got {type(network).__name__}")
+    for arg, kind in ((model, ModelSpec), (devices, DeviceSpec), (network, Network)):
+        if not isinstance(arg, kind):
+            raise PlanError(f"expected a {kind.__name__}, got {type(arg).__name__}: {arg!r}")
     stages = tuple(zero_stages)
     if not stages or any(isinstance(z, bool) or z not in STAGES for z in stages):
         raise PlanError(f"zero_stages must be a non-empty subset of {STAGES}, got {stages!r}")
     if max_microbatches is not None:
         _positive_int("max_microbatches", max_microbatches)
+    tp_ar = _positive_int("tp_all_reduces_per_layer", tp_all_reduces_per_layer)
     plans = []
     for dp, pp, tp in _factorizations(devices.count):
         nets = _networks(dp, pp, tp, devices, network, intra_node)
@@ -385,7 +387,7 @@ def plan(
         for stage in dict.fromkeys(stages):
             for m in ms:
                 plans.append(
-                    _one_plan(model, devices, nets, (dp, pp, tp, stage, m), mixed_precision)
+                    _one_plan(model, devices, nets, (dp, pp, tp, stage, m), mixed_precision, tp_ar)
                 )
 
     def key(p: Plan) -> tuple:

@@ -205,6 +205,11 @@ def test_label_and_error_cases():
         plan(SMALL, FOUR, "NVLink")
     with pytest.raises(PlanError, match="ModelSpec"):
         plan({"n_params": 1}, FOUR, NET)
+    with pytest.raises(PlanError, match="tp_all_reduces_per_layer"):
+        plan(SMALL, FOUR, NET, tp_all_reduces_per_layer=0)
+    mlp = find(plan(SMALL, FOUR, NET, tp_all_reduces_per_layer=2), "dp1·pp2·tp2·zero0·m2")
+    gpt = find(plan(SMALL, FOUR, NET), "dp1·pp2·tp2·zero0·m2")
+    assert mlp.comm["tp"] == pytest.approx(gpt.comm["tp"] / 2)
 
 
 def test_lazy_attribute():
