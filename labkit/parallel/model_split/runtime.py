@@ -18,7 +18,8 @@ from labkit.trace import COMM, span
 
 __all__ = ["ModelSplit", "StepResult", "split_model"]
 
-_ACT, _GRAD = 0, 1  # message tags: activation forward, gradient backward
+# One message per step and direction between neighbours (r → r+1 activations, r+1 → r
+# gradients), so plain tag-0 send/recv match in order, on gloo and NCCL alike.
 
 
 def split_model(model: nn.Sequential, n_stages: int, bounds: Sequence[int] | None = None):
@@ -111,18 +112,18 @@ class ModelSplit:
     is_first = property(lambda self: self.pp_rank == 0)
     is_last = property(lambda self: self.pp_rank == self.pp_world_size - 1)
 
-    def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
+    def send(self, t: torch.Tensor, dst: int) -> None:
         """Send ``t`` to rank ``dst`` of the group and wait, at most ``timeout_s``."""
         t = t.detach().to(self.dtype).contiguous()
-        dist.isend(t, group=self.group, group_dst=dst, tag=tag).wait(self.timeout)
+        dist.isend(t, group=self.group, group_dst=dst).wait(self.timeout)
         self.n_sends += 1
         self.bytes_sent += t.numel() * t.element_size()
 
-    def recv(self, shape: Sequence[int], src: int, tag: int) -> torch.Tensor:
+    def recv(self, shape: Sequence[int], src: int) -> torch.Tensor:
         """Receive a tensor of the agreed ``shape`` from rank ``src``, at most ``timeout_s``."""
         buf = torch.empty(tuple(shape), dtype=self.dtype, device=self.device)
-        with span("recv", kind=COMM, peer=src, tag=tag):
-            dist.irecv(buf, group=self.group, group_src=src, tag=tag).wait(self.timeout)
+        with span("recv", kind=COMM, peer=src):
+            dist.irecv(buf, group=self.group, group_src=src).wait(self.timeout)
         return buf
 
     def forward(
@@ -146,7 +147,7 @@ class ModelSplit:
                 raise ValueError("stage 0 needs the batch x")
             inp = x
         else:
-            inp = self.recv(self.shapes[r - 1], r - 1, _ACT).requires_grad_(True)
+            inp = self.recv(self.shapes[r - 1], r - 1).requires_grad_(True)
         if self.is_last and target is None:
             raise ValueError(f"the last stage ({r}) needs the target")
         saved = _SavedBytes(self.stage)
@@ -166,7 +167,7 @@ class ModelSplit:
         if self.is_last:
             out = self.loss_fn(out, target)
         else:
-            self.send(out, r + 1, _ACT)
+            self.send(out, r + 1)
         self.input, self.output = inp, out
         return out
 
@@ -179,11 +180,11 @@ class ModelSplit:
         if self.output is None or self.input is None:
             raise RuntimeError("backward() needs a forward() first")
         r, out, inp = self.pp_rank, self.output, self.input
-        grad = None if self.is_last else self.recv(self.shapes[r], r + 1, _GRAD)
+        grad = None if self.is_last else self.recv(self.shapes[r], r + 1)
         with span("backward", stage=r, op="B"):
             torch.autograd.backward(out, grad)  # parameter grads accumulate; inp.grad is set
         if not self.is_first:
-            self.send(inp.grad, r - 1, _GRAD)
+            self.send(inp.grad, r - 1)
         self.input = self.output = None  # the activations are free now
 
     def step(self, x: torch.Tensor | None = None, target: torch.Tensor | None = None) -> StepResult:
@@ -204,21 +205,28 @@ class ModelSplit:
 
 
 class _SavedBytes(torch.autograd.graph.saved_tensors_hooks):
-    """Bytes of the distinct tensors autograd saves for backward, parameters left out."""
+    """Bytes of the distinct tensors autograd saves for backward, parameters left out.
+
+    A tensor counts its own elements (a view of a larger batch counts the view), and tensors
+    starting at the same address count once, the largest of them.
+    """
 
     def __init__(self, module: nn.Module) -> None:
-        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-        self.storages: dict[int, int] = {}
+        self.params = {p.data_ptr() for p in module.parameters()}
+        self.kept: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            s = t.untyped_storage()
-            if s.data_ptr() not in self.params:
-                self.storages[s.data_ptr()] = s.nbytes()
+            if t.data_ptr() not in self.params:
+                self._add(t)
             return t
 
         super().__init__(pack, lambda t: t)
 
+    def _add(self, t: torch.Tensor) -> None:
+        self.kept[t.data_ptr()] = max(self.kept.get(t.data_ptr(), 0), t.numel() * t.element_size())
+
     def total(self, also: Sequence[torch.Tensor]) -> int:
         """Saved bytes plus ``also`` (the stage's input and output, kept for the backward)."""
-        extra = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in also}
-        return sum({**self.storages, **extra}.values())
+        for t in also:
+            self._add(t)
+        return sum(self.kept.values())
