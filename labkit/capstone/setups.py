@@ -25,7 +25,10 @@ __all__ = ["Groups", "RankSetup", "gpt_stages", "lm_loss", "make_groups", "make_
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of logits (B, T, V) against targets (B, T)."""
+    """Mean next-token cross-entropy of logits (B, T, V) against targets (B, T).
+
+    Introduced in notebooks/17_capstone.ipynb.
+    """
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten().long())
 
 
@@ -56,7 +59,15 @@ def gpt_stages(model: TinyGPT, pp: int) -> list[nn.Sequential]:
 class Groups:
     """This rank's coordinates and its data-, pipeline- and tensor-parallel groups.
 
-    Every rank creates every group, in the same order (``dist.new_group`` is collective).
+    Every rank creates every group, in the same order (``dist.new_group`` is collective),
+    each with the run's timeout.
+
+    Introduced in notebooks/17_capstone.ipynb.
+
+    Args:
+        strategy: the degrees.
+        rank: this rank's global rank.
+        timeout_s: timeout of every group's collectives.
     """
 
     def __init__(self, strategy: Strategy, rank: int, timeout_s: float) -> None:
@@ -80,12 +91,17 @@ class Groups:
 
 
 def make_groups(strategy: Strategy, rank: int, timeout_s: float = 60.0) -> Groups:
-    """Create the process groups of ``strategy`` (call on every rank). See ``Groups``."""
+    """Create the process groups of ``strategy`` (call on every rank). See ``Groups``.
+
+    Introduced in notebooks/17_capstone.ipynb.
+    """
     return Groups(strategy, rank, timeout_s)
 
 
 class RankSetup:
     """What the training loop needs from one rank, whatever the strategy.
+
+    Introduced in notebooks/17_capstone.ipynb.
 
     Attributes:
         step: ``step(x, y)`` runs forward, backward and the optimizer on this rank's share of

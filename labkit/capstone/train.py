@@ -96,6 +96,14 @@ def global_batch(corpus: CharCorpus, config: RunConfig, step: int) -> tuple[torc
     """The whole batch of step ``step`` (the same on every rank); ``step = -1``: validation.
 
     Introduced in notebooks/17_capstone.ipynb.
+
+    Args:
+        corpus: the character corpus.
+        config: the run (batch, val_batch, seq_len, seed).
+        step: the optimizer step, or -1 for the fixed validation batch.
+
+    Returns:
+        ``(x, y)`` token ids, (batch, seq_len) each.
     """
     c = config
     g = torch.Generator().manual_seed(100_003 * c.seed + step + 1)
