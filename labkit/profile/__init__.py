@@ -1,0 +1,50 @@
+"""Profiling a distributed step, and speedups measured against a baseline in the same run.
+
+Introduced in notebooks/16_performance_tuning.ipynb.
+
+Inside each rank (a function run by ``lk.launch``)::
+
+    prof = lk.profile.profile_steps(step, trace_dir, wait=1, warmup=1, active=3)
+    return prof  # trace path, PyTorch's op table, compute / comm spans
+
+In the notebook::
+
+    lk.profile.comm_compute(profiles)  # ms and fractions per rank
+    lk.profile.merge_traces([json.load(open(p.trace_path)) for p in profiles], "all.json")
+    table = lk.profile.SpeedupTable.slowest_rank(per_rank_tables)
+    print(table.format())
+
+``measure_speedups`` (run on every rank) times a baseline and its variants in interleaved
+rounds. Importing this package imports torch only when a profile is taken.
+"""
+
+from __future__ import annotations
+
+from labkit.profile.profiler import (
+    CommComputeRow,
+    OpRow,
+    RankProfile,
+    comm_compute,
+    is_comm_op,
+    profile_steps,
+    trace_spans,
+)
+from labkit.profile.speedup import SpeedupRow, SpeedupTable, amdahl_speedup, measure_speedups
+from labkit.profile.traces import check_profiler_trace, merge_traces, self_times
+
+__all__ = [
+    "CommComputeRow",
+    "OpRow",
+    "RankProfile",
+    "SpeedupRow",
+    "SpeedupTable",
+    "amdahl_speedup",
+    "check_profiler_trace",
+    "comm_compute",
+    "is_comm_op",
+    "measure_speedups",
+    "merge_traces",
+    "profile_steps",
+    "self_times",
+    "trace_spans",
+]
