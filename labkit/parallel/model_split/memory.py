@@ -6,7 +6,9 @@ Introduced in notebooks/10_model_parallel.ipynb.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,7 +18,9 @@ from labkit.memory import zero_memory
 __all__ = ["StageMemory", "activation_bytes_model", "measure_stage_memory", "stage_memory_model"]
 
 
-def activation_bytes_model(stage: nn.Sequential, batch_size: int, bytes_per_element: int = 4):
+def activation_bytes_model(
+    stage: nn.Sequential, batch_size: int, bytes_per_element: int = 4
+) -> int:
     """Activation bytes a stage of Linear / ReLU / ComputeDelay layers keeps for its backward.
 
     Introduced in notebooks/10_model_parallel.ipynb.
@@ -74,7 +78,7 @@ class StageMemory:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activation_bytes
 
 
-def _nbytes(tensors) -> int:
+def _nbytes(tensors: Iterable[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 

@@ -22,7 +22,9 @@ __all__ = ["ModelSplit", "StepResult", "split_model"]
 # gradients), so plain tag-0 send/recv match in order, on gloo and NCCL alike.
 
 
-def split_model(model: nn.Sequential, n_stages: int, bounds: Sequence[int] | None = None):
+def split_model(
+    model: nn.Sequential, n_stages: int, bounds: Sequence[int] | None = None
+) -> list[nn.Sequential]:
     """Cut ``model`` into ``n_stages`` consecutive stages, evenly or at the given boundaries.
 
     Introduced in notebooks/10_model_parallel.ipynb.
