@@ -89,6 +89,13 @@ def test_ddp_profile_on_two_ranks_merges_into_one_valid_trace(tmp_path) -> None:
 # --- the trace schema -----------------------------------------------------------------------
 
 
+def test_steps_on_a_gpu_stream_are_not_counted_twice() -> None:
+    gpu_copy = {**STEP, "cat": "gpu_user_annotation", "pid": 0, "tid": 7}
+    trace = _trace(STEP, gpu_copy, _x("aten::mm", 110, 5))
+    assert lk.profile.check_profiler_trace(trace, steps=1) == 3
+    assert [s.name for s in lk.profile.trace_spans(trace)] == ["aten::mm"]
+
+
 def test_check_profiler_trace_accepts_torch_extras_and_counts_complete_events() -> None:
     flow = {"ph": "s", "id": 1, "name": "fwdbwd", "pid": 7, "tid": 1, "ts": 1.0, "cat": "fwdbwd"}
     pseudo = _x("PyTorch Profiler (0)", 0.0, 5.0, pid="Spans", tid="PyTorch Profiler")

@@ -61,6 +61,8 @@ def is_comm_op(name: str) -> bool:
 class OpRow:
     """One row of PyTorch's per-op table (``prof.key_averages()``), times in ms.
 
+    Introduced in notebooks/16_performance_tuning.ipynb.
+
     ``self_cpu_ms`` is the time inside the op minus the time in the ops it called;
     ``cpu_total_ms`` includes them. ``share`` is ``self_cpu_ms`` over the sum of every op's.
     """
@@ -75,6 +77,8 @@ class OpRow:
 @dataclass(frozen=True)
 class RankProfile:
     """What ``profile_steps`` measured on one rank (picklable: return it from a rank).
+
+    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Attributes:
         rank: the rank.
@@ -94,7 +98,15 @@ class RankProfile:
     spans: tuple[Span, ...]
 
     def top_ops(self, n: int = 10, include_comm: bool = True) -> list[OpRow]:
-        """The ``n`` ops with the most self CPU time (collectives left out if asked)."""
+        """The ``n`` ops with the most self CPU time (collectives left out if asked).
+
+        Args:
+            n: how many rows.
+            include_comm: False leaves out collectives (``is_comm_op``).
+
+        Returns:
+            list[OpRow]: largest self time first.
+        """
         return [r for r in self.ops if include_comm or not is_comm_op(r.name)][:n]
 
 
@@ -174,7 +186,12 @@ def profile_steps(
 
 
 def _is_step(e: dict[str, Any]) -> bool:
-    return e.get("ph") == "X" and str(e.get("name", "")).startswith(STEP_PREFIX)
+    """A ``ProfilerStep#N`` event of the CPU side (not its copy on a GPU stream)."""
+    return (
+        e.get("ph") == "X"
+        and str(e.get("name", "")).startswith(STEP_PREFIX)
+        and e.get("cat") != "gpu_user_annotation"
+    )
 
 
 def _cut(a: float, b: float, holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -253,6 +270,8 @@ def trace_spans(trace: dict[str, Any], rank: int = 0) -> list[Span]:
 class CommComputeRow:
     """Where one rank's recorded steps went, in ms per step, and as fractions of the step.
 
+    Introduced in notebooks/16_performance_tuning.ipynb.
+
     ``other`` is time in neither compute nor communication: Python, data loading, waiting
     for a collective that the training thread blocks on, idle.
     """
@@ -266,10 +285,12 @@ class CommComputeRow:
 
     @property
     def comm_fraction(self) -> float:
+        """Communication time over the step time."""
         return self.comm_ms / self.step_ms
 
     @property
     def compute_fraction(self) -> float:
+        """Compute time over the step time."""
         return self.compute_ms / self.step_ms
 
 

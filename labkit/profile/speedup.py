@@ -57,6 +57,8 @@ def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
 class SpeedupRow:
     """One variant: median time (s), ratio of medians vs the baseline, rounds won, worst round.
 
+    Introduced in notebooks/16_performance_tuning.ipynb.
+
     ``wins`` counts the rounds where the baseline took longer than this variant; ``min_ratio``
     is the smallest per-round ratio baseline / variant.
     """
@@ -123,6 +125,7 @@ class SpeedupTable:
 
     @property
     def names(self) -> list[str]:
+        """The baseline and variants, in the order measured."""
         return list(self.times)
 
     def median_s(self, name: str) -> float:

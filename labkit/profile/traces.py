@@ -65,7 +65,10 @@ def check_profiler_trace(trace: Any, steps: int | None = None) -> int:
                 problems.append(f"{where}: ph 'X' needs numeric 'ts' and 'dur' (µs)")
             elif e["dur"] < 0:
                 problems.append(f"{where}: negative duration {e['dur']}")
-            n_steps += str(e.get("name", "")).startswith("ProfilerStep#")
+            n_steps += (
+                str(e.get("name", "")).startswith("ProfilerStep#")
+                and e.get("cat") != "gpu_user_annotation"
+            )  # the CPU side only, not its copy on a GPU stream
     if steps is not None and n_steps != steps:
         problems.append(f"{n_steps} ProfilerStep# events, expected {steps}")
     if problems:
