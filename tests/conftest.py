@@ -7,14 +7,19 @@ runs as
 
     pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 notebooks/X.ipynb
 
-would run it: the notebook re-executes with its default parameters in a kernel of this
-virtualenv, and only the marked cells' outputs are compared. Notebooks without a marked cell
-are left to ``tests/test_notebooks.py``, which executes every notebook through papermill.
+would run it, with one difference: a notebook that declares ``fast`` in its ``parameters``
+cell runs with ``fast = True`` appended to that cell (as papermill's ``-p fast True`` would
+set it), so the suite runs each notebook once, at its CPU size, in a kernel of this
+virtualenv, and compares only the marked cells' outputs. The marked cells print what does not
+depend on ``fast`` (counts, formulas, layouts), so the committed outputs are also what a
+learner sees with the defaults. ``tests/test_notebooks.py`` executes the other notebooks
+through papermill (labkit's course runner) with ``fast=True``.
 The items carry the ``notebooks`` marker, so ``pytest -m "not notebooks"`` skips them.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -55,12 +60,28 @@ def checked_notebooks() -> list[Path]:
     return found
 
 
+NBVAL_PARAMETERS = {"fast": True}  # set in the parameters cell of the notebooks nbval runs
+
+
+def with_parameters(source: str, parameters: dict) -> str:
+    """A ``parameters`` cell's source with the values of the names it declares appended."""
+    declared = [k for k in parameters if re.search(rf"^{re.escape(k)}\s*[:=]", source, re.M)]
+    lines = [f"{k} = {parameters[k]!r}  # set by the test suite" for k in declared]
+    return "\n".join([source.rstrip("\n"), *lines]) if lines else source
+
+
 class LaxNotebook(IPyNbFile):
     """nbval's notebook collector with ``--nbval-lax --nbval-current-env`` semantics."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.compare_outputs = False  # lax: only marked cells are compared
+
+    def collect(self):
+        for item in super().collect():
+            if "parameters" in item.cell.metadata.get("tags", []):
+                item.cell.source = with_parameters(item.cell.source, NBVAL_PARAMETERS)
+            yield item
 
     def setup(self):
         # The kernel of the Python running pytest (the venv), whatever the notebook names.

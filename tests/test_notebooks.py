@@ -1,9 +1,11 @@
-"""Every course notebook runs headlessly with ``fast=True`` (through labkit's course runner).
+"""Every course notebook runs headlessly with ``fast=True``, once.
 
     .venv/bin/python -m pytest tests/test_notebooks.py -m notebooks
 
-``tests/conftest.py`` also collects nbval items here for the notebooks with cells marked
-``# NBVAL_CHECK_OUTPUT``; the last test checks that collection.
+Notebooks with cells marked ``# NBVAL_CHECK_OUTPUT`` run under nbval (``tests/conftest.py``
+collects them here, with ``fast = True`` set in their parameters cell) so that the marked
+outputs are compared too; the others run through labkit's course runner (papermill), as
+``labkit course run --fast`` runs them. The last tests check that split and that collection.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from pathlib import Path
 import pytest
 
 from labkit.course import run_notebook
+from tests.conftest import NBVAL_PARAMETERS, checks_output, with_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ALL_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FIXTURES = Path(__file__).resolve().parent / "notebooks"
+# The rest run under nbval (tests/conftest.py), also with fast=True.
+NOTEBOOKS = [p for p in ALL_NOTEBOOKS if not checks_output(p)]
 
 
 @pytest.mark.notebooks
@@ -51,8 +56,6 @@ def _collected(*args: str) -> list[str]:
 
 @pytest.mark.slow  # two pytest subprocesses
 def test_nbval_collects_only_notebooks_with_checked_cells() -> None:
-    from tests.conftest import checks_output
-
     ids = _collected("tests/test_notebooks.py")
     files = {line.split("::")[0] for line in ids}
     assert "tests/notebooks/checked_output.ipynb" in files, ids
@@ -60,11 +63,25 @@ def test_nbval_collects_only_notebooks_with_checked_cells() -> None:
     for unmarked in ("ok.ipynb", "broken.ipynb", "noparams.ipynb", "slow.ipynb"):
         assert not checks_output(FIXTURES / unmarked)
         assert f"tests/notebooks/{unmarked}" not in files
-    for path in NOTEBOOKS:
+    for path in ALL_NOTEBOOKS:  # each notebook runs once: under nbval or through papermill
         assert (path.relative_to(ROOT).as_posix() in files) == checks_output(path)
+        assert (path in NOTEBOOKS) != checks_output(path)
     # One item per code cell, named as nbval names them.
     assert [i for i in ids if i.startswith("tests/notebooks/checked_output.ipynb")] == [
         f"tests/notebooks/checked_output.ipynb::Cell {n}" for n in range(4)
     ]
     quick = _collected("tests/test_notebooks.py", "-m", "not notebooks")
     assert quick == []
+
+
+def test_nbval_runs_notebooks_with_fast_parameters() -> None:
+    source = "world_size: int = 4  # ranks\nfast: bool = False  # shrink sizes\nseed: int = 0\n"
+    got = with_parameters(source, NBVAL_PARAMETERS)
+    assert got.startswith(source.rstrip("\n"))
+    assert got.endswith("fast = True  # set by the test suite")
+    namespace: dict = {}
+    exec(got, namespace)
+    assert namespace["fast"] is True and namespace["world_size"] == 4
+    # A notebook that does not declare a parameter does not get it.
+    assert with_parameters("seed: int = 0", NBVAL_PARAMETERS) == "seed: int = 0"
+    assert with_parameters("fastest = 1", NBVAL_PARAMETERS) == "fastest = 1"
