@@ -20,7 +20,10 @@ from labkit.viz.cost_sweep import predicted_time_sweep
 from labkit.viz.ddp import bucket_size_sweep, comm_hook_tradeoff
 from labkit.viz.fault_tolerance import resume_timeline
 from labkit.viz.memory import zero_memory_breakdown
+from labkit.viz.mesh import plan_breakdown
+from labkit.viz.model_split import stage_memory
 from labkit.viz.p2p import p2p_latency_bandwidth
+from labkit.viz.perf import speedup_bars
 from labkit.viz.pipeline import schedule_grid, schedule_vs_timeline
 from labkit.viz.ring import ring_allreduce_step
 from labkit.viz.timeline import timeline
@@ -37,6 +40,7 @@ __all__: list[str] = [
     "lr_schedule",
     "message_diagram",
     "p2p_latency_bandwidth",
+    "plan_breakdown",
     "predicted_time_sweep",
     "predicted_vs_measured",
     "resume_timeline",
@@ -44,6 +48,8 @@ __all__: list[str] = [
     "schedule_grid",
     "schedule_vs_timeline",
     "sgd_loss_curves",
+    "stage_memory",
+    "speedup_bars",
     "staleness_histogram",
     "timeline",
     "traffic_per_rank",

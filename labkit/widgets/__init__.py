@@ -2,8 +2,9 @@
 
 Introduced in notebooks/03_allreduce_algorithms.ipynb (``ring_stepper``),
 notebooks/05_communication_cost.ipynb (``cost_explorer``),
-notebooks/11_pipeline_parallel.ipynb (``pipeline_explorer``) and
-notebooks/13_zero_and_fsdp.ipynb (``zero_memory_explorer``).
+notebooks/11_pipeline_parallel.ipynb (``pipeline_explorer``),
+notebooks/13_zero_and_fsdp.ipynb (``zero_memory_explorer``) and
+notebooks/14_hybrid_parallel.ipynb (``planner_explorer``).
 
 ``lk.widgets.ring_stepper()`` returns an ipywidgets container to show in a cell; the explorer
 behind it (``box.explorer``, or the class itself, e.g. ``lk.widgets.RingStepper()``) has the
@@ -17,15 +18,18 @@ from __future__ import annotations
 from labkit.widgets.cost import CostExplorer, cost_explorer
 from labkit.widgets.memory import ZeroMemoryExplorer, zero_memory_explorer
 from labkit.widgets.pipeline import PipelineExplorer, pipeline_explorer
+from labkit.widgets.planner import PlannerExplorer, planner_explorer
 from labkit.widgets.ring import RingStepper, ring_stepper
 
 __all__ = [
     "CostExplorer",
     "PipelineExplorer",
+    "PlannerExplorer",
     "RingStepper",
     "ZeroMemoryExplorer",
     "cost_explorer",
     "pipeline_explorer",
+    "planner_explorer",
     "ring_stepper",
     "zero_memory_explorer",
 ]
