@@ -23,6 +23,7 @@ Both train to the same parameters as one process on the whole batch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -255,6 +256,7 @@ def train_dp_tp(
     steps: int,
     lr: float,
     bucket_cap_mb: float = 25.0,
+    step_times: list[float] | None = None,
 ) -> tuple[nn.Module, list[float]]:
     """Train ``model`` with tensor parallelism in each tp group and data parallelism across.
 
@@ -275,6 +277,7 @@ def train_dp_tp(
         steps: optimizer steps.
         lr: SGD learning rate.
         bucket_cap_mb: the dp buckets' size cap in MiB (as torch DDP's argument).
+        step_times: if given, each step's wall time on this rank (seconds) is appended.
 
     Returns:
         (the tensor-parallel model, unwrapped, whose parameters are this rank's shards; the
@@ -294,10 +297,13 @@ def train_dp_tp(
     params = [p for p in model.parameters() if p.requires_grad]
     losses = []
     for _ in range(steps):
+        start = time.perf_counter()
         loss = loss_fn(replica(xs), ys)
         loss.backward()  # the buckets are averaged over dp when it returns
         _sgd(params, lr)
         losses.append(float(loss.detach()))
+        if step_times is not None:
+            step_times.append(time.perf_counter() - start)
     return model, losses
 
 
@@ -311,6 +317,7 @@ def train_dp_pp(
     steps: int,
     lr: float,
     n_microbatches: int,
+    step_times: list[float] | None = None,
 ) -> tuple[nn.Module, list[float | None]]:
     """Train ``model`` with a 1F1B pipeline in each pp group and data parallelism across.
 
@@ -330,6 +337,7 @@ def train_dp_pp(
         steps: optimizer steps.
         lr: SGD learning rate.
         n_microbatches: m, micro-batches per step (must divide the dp share of the batch).
+        step_times: if given, each step's wall time on this rank (seconds) is appended.
 
     Returns:
         (this rank's stage, whose layers are ``model``'s own objects; each step's loss on
@@ -353,6 +361,7 @@ def train_dp_pp(
     params = [p for p in stages[pp_rank].parameters() if p.requires_grad]
     losses: list[float | None] = []
     for _ in range(steps):
+        start = time.perf_counter()
         if pp_group is None:  # one stage: the pipeline is plain accumulation
             total = 0.0
             for a, b in zip(inputs, targets, strict=True):
@@ -368,4 +377,6 @@ def train_dp_pp(
         if dp_group is not None:
             _average_gradients(params, dp_group)
         _sgd(params, lr)
+        if step_times is not None:
+            step_times.append(time.perf_counter() - start)
     return stages[pp_rank], losses

@@ -109,9 +109,11 @@ def _dp_tp_rank(rank, world_size):
     dims = ParallelDims(dp=2, tp=2, world_size=world_size)
     mesh = lk.mesh.build_mesh(dims)
     x, y = _data()
+    times: list[float] = []
     model, losses = lk.mesh.train_dp_tp(
-        _model(), _tp_plan(), dims, mesh, x, y, F.mse_loss, STEPS, LR
+        _model(), _tp_plan(), dims, mesh, x, y, F.mse_loss, STEPS, LR, step_times=times
     )
+    assert len(times) == STEPS and all(t > 0 for t in times)
     return {n: p.detach() for n, p in model.named_parameters()}, losses
 
 
@@ -120,7 +122,11 @@ def _dp_pp_rank(rank, world_size):
     mesh = lk.mesh.build_mesh(dims)
     x, y = _data()
     model = _model()
-    _, losses = lk.mesh.train_dp_pp(model, dims, mesh, x, y, F.mse_loss, STEPS, LR, M)
+    times: list[float] = []
+    _, losses = lk.mesh.train_dp_pp(
+        model, dims, mesh, x, y, F.mse_loss, STEPS, LR, M, step_times=times
+    )
+    assert len(times) == STEPS and all(t > 0 for t in times)
     held = range(0, N_LAYERS // 2) if lk.mesh.axis_rank(mesh, "pp") == 0 else range(2, N_LAYERS)
     keep = {n: p.detach() for n, p in model.named_parameters() if int(n.split(".")[0]) in held}
     return keep, losses
