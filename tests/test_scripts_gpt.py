@@ -4,16 +4,16 @@
   ("nodes", one process each, c10d rendezvous over loopback) end with the losses and the
   full parameters of ``lk.capstone.train_reference`` (the tolerances of
   tests/test_capstone.py), every rank printing the same checksum;
-- a strategy the world size cannot take stops every rank at once with the arithmetic.
+- a strategy the world size cannot take stops a worker before it joins, with the arithmetic;
+- ``labkit.scripts.train_model_split`` on 2 ranks ends with one process's parameters.
 
 The torchrun runs take several seconds each on a 2-core machine, hence ``slow``.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,28 +105,55 @@ def test_pipeline_on_two_nodes_over_loopback_equals_one_process(tmp_path, refere
     _check(torch.load(out, weights_only=True), outputs, reference, "pp")
 
 
-@pytest.mark.slow
-def test_a_strategy_the_world_size_cannot_take_fails_fast(tmp_path) -> None:
-    cmd = _torchrun(_free_port(), "gpt-bad", *_script("dp_tp", None))
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+def _worker(*script: str) -> subprocess.CompletedProcess:
+    """One worker as torchrun would start it (rank 0 of 2), without the agent: the scripts
+    check the strategy before joining the process group, so nothing waits for rank 1."""
+    env = _env() | {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    return subprocess.run(
+        [sys.executable, *script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    assert proc.returncode != 0
-    assert "--strategy dp_tp on WORLD_SIZE=2" in out
-    assert "needs an even p >= 4" in out
-    assert "final params" not in out
+
+
+def test_a_strategy_the_world_size_cannot_take_fails_before_joining() -> None:
+    done = _worker(*_script("dp_tp", None))
+    assert done.returncode == 2
+    assert "--strategy dp_tp on WORLD_SIZE=2" in done.stderr
+    assert "needs an even p >= 4" in done.stderr
+    done = _worker("-m", "labkit.scripts.train_model_split", "--n-linear", "1")
+    assert done.returncode == 2
+    assert "cannot cut 1 layers into 2 stages" in done.stderr
+
+
+@pytest.mark.slow
+def test_model_split_on_two_ranks_equals_one_process(tmp_path) -> None:
+    from labkit.scripts import train_model_split as tms
+
+    steps, size, out = 12, 32, tmp_path / "split.pt"
+    script = ["-m", "labkit.scripts.train_model_split", "--steps", str(steps), "--hidden", "32"]
+    (text,) = _run_all([_torchrun(_free_port(), "mlp-split", *script, "--out", str(out))], tmp_path)
+    saved = torch.load(out, weights_only=True)
+    # One process: the whole MLP, the same batches, the same SGD.
+    args = tms._parser().parse_args(["--hidden", "32"])
+    model = tms.build(args)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ds, losses = lk.data.digits("train"), []
+    for k in range(steps):
+        x, y = tms.batch(ds, k, size, args.seed)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert saved["losses"] == pytest.approx(losses, rel=1e-6)
+    want = model.state_dict()
+    assert saved["params"].keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(saved["params"][k], want[k], rtol=1e-6, atol=1e-7)
+    assert text.count(f"sha256={saved['sha256']}") == 2
+    # 4 Linear layers + 3 ReLU: stage 0 keeps 4 layers, stage 1 the other 3; each sends one
+    # message per step of batch × hidden floats (activations forward, gradients back).
+    assert "[rank 0] stage 0: 4 layers" in text and "[rank 1] stage 1: 3 layers" in text
+    assert text.count(f"per step 1 sends, {size * 32 * 4} bytes sent") == 2
 
 
 def test_plan_names_what_does_not_fit() -> None:
