@@ -2,13 +2,16 @@
 
 Introduced in notebooks/06_data_parallel.ipynb (``train_ddp``) and
 notebooks/15_fault_tolerance.ipynb (``train_elastic``); docs/multinode.md shows how to run
-them on several nodes, under Slurm and on Kubernetes.
+them on several nodes, under Slurm and on Kubernetes, and which lab each one serves.
 
 - ``train_ddp``: data-parallel training of an MLP on digits (PyTorch DDP, or labkit's
   ``DataParallelBucketed`` with ``--ddp labkit``).
 - ``train_elastic``: the same, with a checkpoint every k steps, resume from the newest
   complete checkpoint on start, and ``--kill-at-step`` fault injection for torchrun's
   ``--max-restarts``.
+- ``train_model_split``: an MLP on digits cut into one stage per rank (notebook 10).
+- ``train_gpt``: TinyGPT on the character corpus under any of the capstone's strategies
+  (``--strategy`` dp, zero1-3, fsdp, pp, tp, dp_tp, dp_pp: notebooks 11-14 and 17).
 
 Each script's module docstring has its exact command, e.g.::
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -74,9 +75,11 @@ def init(backend: str = "auto", timeout_s: float = 120.0) -> Env:
     """
     missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k not in os.environ]
     if missing:
+        script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+        module = f"labkit.scripts.{script}" if script.startswith("train_") else "<script>"
         raise RuntimeError(
             f"{', '.join(missing)} not set: start this script with torchrun, e.g. "
-            "`torchrun --standalone --nproc-per-node 2 -m labkit.scripts.train_ddp`"
+            f"`torchrun --standalone --nproc-per-node 2 -m {module}` (its docstring has more)"
         )
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
