@@ -5,10 +5,14 @@ notebooks/15_fault_tolerance.ipynb (``train_elastic``); docs/multinode.md shows 
 them on several nodes, under Slurm and on Kubernetes, and which lab each one serves.
 
 - ``train_ddp``: data-parallel training of an MLP on digits (PyTorch DDP, or labkit's
-  ``DataParallelBucketed`` with ``--ddp labkit``).
+  ``DataParallelBucketed`` with ``--ddp labkit``); gradient accumulation with one
+  all-reduce per step, clipping after it and bf16 autocast (``--accum-steps``, ``--clip``,
+  ``--precision``: notebook 09), per-rank profiler traces (``--profile``: notebook 16).
 - ``train_elastic``: the same, with a checkpoint every k steps, resume from the newest
   complete checkpoint on start, and ``--kill-at-step`` fault injection for torchrun's
   ``--max-restarts``.
+- ``train_async``: synchronous SGD, an asynchronous parameter server on rank 0, and local
+  SGD (``--mode``), with a straggler (``--slow-rank``, ``--slowdown``): notebook 08.
 - ``train_model_split``: an MLP on digits cut into one stage per rank (notebook 10).
 - ``train_gpt``: TinyGPT on the character corpus under any of the capstone's strategies
   (``--strategy`` dp, zero1-3, fsdp, pp, tp, dp_tp, dp_pp: notebooks 11-14 and 17).

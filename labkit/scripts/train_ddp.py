@@ -41,7 +41,8 @@ runs the forward under bf16 autocast (``lk.precision``; fp16 with a GradScaler n
 Notebook 16, profiling the DDP step (``lk.profile.profile_steps``): steps 1-5 of the run
 go through torch.profiler (skip 1, warm up 1, record 3); every rank writes its Chrome
 trace to ``DIR/rank{r}.json`` (open it in https://ui.perfetto.dev) and rank 0 prints its
-step time, compute and communication, and its top ops::
+step time, compute and communication, and its top ops. The profiled steps are training
+steps: the checksum is that of the same run without ``--profile``::
 
     torchrun --standalone --nproc-per-node 2 -m labkit.scripts.train_ddp --steps 20 \\
         --profile /tmp/ddp_traces
