@@ -21,12 +21,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
+from labkit.bench_results import GB, BenchResult, check_sizes, default_device, sync_device
+from labkit.launcher import launch
 
 __all__ = [
     "COLLECTIVES",
@@ -36,54 +38,10 @@ __all__ = [
     "collective",
     "collective_sizes",
     "format_table",
+    "launch_collective",
     "message_sizes",
     "p2p_pingpong",
 ]
-
-GB = 1e9  # bytes per GB, as nccl-tests counts
-
-
-@dataclass(frozen=True)
-class BenchResult:
-    """One row of a benchmark: an operation on ``n_bytes``, timed ``iters`` times.
-
-    ``time_s`` is the median time of one operation over the iterations (for a ping-pong, the
-    one-way time: half a round trip); ``times_s`` holds every sample, and ``time_min_s`` is
-    their minimum — the best case, which other processes' noise on a shared machine cannot
-    inflate.
-    """
-
-    op: str  # "p2p" (ping-pong), or a collective: "all_reduce", "all_gather", ...
-    n_bytes: int
-    time_s: float
-    algbw_gbps: float
-    busbw_gbps: float
-    world_size: int
-    backend: str
-    device: str
-    iters: int
-    times_s: tuple[float, ...] = field(default=(), repr=False)
-
-    @property
-    def time_min_s(self) -> float:
-        """Fastest sample, in seconds (``time_s`` when no samples were kept)."""
-        return min(self.times_s) if self.times_s else self.time_s
-
-    @property
-    def latency_us(self) -> float:
-        """Median time of one operation in microseconds."""
-        return self.time_s * 1e6
-
-    @property
-    def bandwidth_gbps(self) -> float:
-        """Bytes moved per second of one operation, in GB/s (nccl-tests' algbw)."""
-        return self.algbw_gbps
-
-    def as_dict(self) -> dict:
-        """The row as plain data (samples left out), e.g. for a table or JSON."""
-        row = asdict(self)
-        row.pop("times_s")
-        return row
 
 
 def message_sizes(smallest: int = 1, largest: int = 1 << 24, factor: int = 4) -> list[int]:
@@ -111,27 +69,6 @@ def message_sizes(smallest: int = 1, largest: int = 1 << 24, factor: int = 4) ->
     while sizes[-1] * factor <= largest:
         sizes.append(sizes[-1] * factor)
     return sizes
-
-
-def _check_sizes(sizes_bytes: Iterable[int]) -> list[int]:
-    given = list(sizes_bytes)
-    if not given or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in given):
-        raise ValueError(f"sizes_bytes must be positive ints, got {given!r}")
-    return sorted(set(given))
-
-
-def _default_device() -> torch.device:
-    from labkit.launcher import get_device
-
-    try:
-        return get_device()
-    except RuntimeError:  # not inside lk.launch (e.g. under torchrun): the backend decides
-        return torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # NCCL send/recv return before the copy is done
 
 
 def p2p_pingpong(
@@ -175,7 +112,7 @@ def p2p_pingpong(
         ValueError: bad sizes or counts, or ``src == dst``.
         RuntimeError: the echoed bytes differ from the sent ones.
     """
-    sizes = _check_sizes(sizes_bytes)
+    sizes = check_sizes(sizes_bytes)
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
     if src == dst:
@@ -183,7 +120,7 @@ def p2p_pingpong(
     rank = dist.get_rank()
     if rank not in (src, dst) or dist.get_rank(group) < 0:  # -1: not a member of ``group``
         return []
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else default_device()
     peer = dst if rank == src else src
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -193,7 +130,7 @@ def p2p_pingpong(
             msg = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).to(device)
         samples = []
         for i in range(warmup + iters):
-            _sync(device)
+            sync_device(device)
             start = time.perf_counter()
             if rank == src:
                 dist.send(msg, peer, group=group)
@@ -201,7 +138,7 @@ def p2p_pingpong(
             else:
                 dist.recv(buf, peer, group=group)
                 dist.send(buf, peer, group=group)
-            _sync(device)
+            sync_device(device)
             if i >= warmup:
                 samples.append((time.perf_counter() - start) / 2)  # one way = half a trip
         if rank == dst:
@@ -328,3 +265,50 @@ def format_table(results: Sequence[BenchResult]) -> str:
             f"{r.algbw_gbps:>13.4f} {r.busbw_gbps:>13.4f}"
         )
     return "\n".join(lines)
+
+
+def _run_on_rank(rank: int, world_size: int, name: str, sizes, iters: int, warmup: int) -> list:
+    if name == "p2p":
+        return p2p_pingpong(sizes, iters=iters, warmup=warmup)
+    return collective(name, sizes, iters=iters, warmup=warmup)
+
+
+def launch_collective(
+    name: str,
+    sizes_bytes: Iterable[int] | None = None,
+    world_size: int = 2,
+    backend: object = "auto",
+    iters: int = 20,
+    warmup: int = 3,
+    device: str = "auto",
+    timeout: float = 600.0,
+) -> list[BenchResult]:
+    """Launch ``world_size`` ranks and benchmark ``name`` there (``labkit bench`` runs this).
+
+    Introduced in notebooks/05_communication_cost.ipynb.
+
+    Args:
+        name: a collective of ``COLLECTIVES``, or ``"p2p"`` (ping-pong between ranks 0 and 1).
+        sizes_bytes: sizes in bytes (default: ``collective_sizes()``).
+        world_size: ranks to launch.
+        backend: as ``lk.launch`` (a name such as ``"gloo"``, ``"labkit_shm"``, or a spec).
+        iters: timed calls per size.
+        warmup: untimed calls per size.
+        device: as ``lk.launch``.
+        timeout: seconds before the launch is stopped.
+
+    Returns:
+        Rank 0's rows.
+
+    Raises:
+        ValueError: an unknown collective or bad sizes (before anything is launched).
+        labkit.RankError: a rank failed.
+    """
+    if name != "p2p" and name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}; known: p2p, {', '.join(COLLECTIVES)}")
+    sizes = check_sizes(collective_sizes() if sizes_bytes is None else sizes_bytes)
+    args = (name, sizes, iters, warmup)
+    out = launch(
+        _run_on_rank, world_size, backend=backend, args=args, device=device, timeout=timeout
+    )
+    return out[0]

@@ -13,7 +13,8 @@ rows:
     rows = lk.launch(lambda r, w: lk.bench.collective("all_reduce", [8, 1 << 20]), 4)[0]
     print(lk.bench.format_table(rows))
 
-From a shell: ``labkit bench --collective all_reduce --world-size 4 --backend gloo``.
+From a shell (``labkit.bench.launch_collective``):
+``labkit bench --collective all_reduce --world-size 4 --backend gloo``.
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from labkit.bench_results import GB, BenchResult, check_sizes, default_device, sync_device
 from labkit.costmodel import busbw_factor
 
-if TYPE_CHECKING:
-    from labkit.bench import BenchResult
-
-__all__ = ["COLLECTIVES", "collective", "collective_sizes", "launch_collective"]
+__all__ = ["COLLECTIVES", "collective", "collective_sizes"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 ELEMENT_BYTES = 4  # float32, as nccl-tests' default -d float
@@ -124,16 +122,14 @@ def collective(
     Raises:
         ValueError: an unknown collective, bad sizes or counts.
     """
-    from labkit.bench import GB, BenchResult, _check_sizes, _default_device, _sync
-
     if name not in COLLECTIVES:
         raise ValueError(f"unknown collective {name!r}; known: {', '.join(COLLECTIVES)}")
-    sizes = _check_sizes(collective_sizes() if sizes_bytes is None else sizes_bytes)
+    sizes = check_sizes(collective_sizes() if sizes_bytes is None else sizes_bytes)
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
     if dist.get_rank(group) < 0:  # -1: this rank is not a member of ``group``
         return []
-    device = torch.device(device) if device is not None else _default_device()
+    device = torch.device(device) if device is not None else default_device()
     p = dist.get_world_size(group)
     root = dist.get_global_rank(group, 0) if group is not None else 0
     numels = sorted({_elements(name, n, p) for n in sizes})
@@ -144,10 +140,10 @@ def collective(
             op()
         for k in range(iters):
             dist.barrier(group=group)
-            _sync(device)
+            sync_device(device)
             start = time.perf_counter()
             op()
-            _sync(device)
+            sync_device(device)
             samples[i, k] = time.perf_counter() - start
     slowest = samples.to(device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
@@ -174,55 +170,3 @@ def collective(
             )
         )
     return rows
-
-
-def _run_on_rank(rank: int, world_size: int, name: str, sizes, iters: int, warmup: int) -> list:
-    if name == "p2p":
-        from labkit.bench import p2p_pingpong
-
-        return p2p_pingpong(sizes, iters=iters, warmup=warmup)
-    return collective(name, sizes, iters=iters, warmup=warmup)
-
-
-def launch_collective(
-    name: str,
-    sizes_bytes: Iterable[int] | None = None,
-    world_size: int = 2,
-    backend: object = "auto",
-    iters: int = 20,
-    warmup: int = 3,
-    device: str = "auto",
-    timeout: float = 600.0,
-) -> list[BenchResult]:
-    """Launch ``world_size`` ranks and benchmark ``name`` there (``labkit bench`` runs this).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
-
-    Args:
-        name: a collective of ``COLLECTIVES``, or ``"p2p"`` (ping-pong between ranks 0 and 1).
-        sizes_bytes: sizes in bytes (default: ``collective_sizes()``).
-        world_size: ranks to launch.
-        backend: as ``lk.launch`` (a name such as ``"gloo"``, ``"labkit_shm"``, or a spec).
-        iters: timed calls per size.
-        warmup: untimed calls per size.
-        device: as ``lk.launch``.
-        timeout: seconds before the launch is stopped.
-
-    Returns:
-        Rank 0's rows.
-
-    Raises:
-        ValueError: an unknown collective or bad sizes (before anything is launched).
-        labkit.RankError: a rank failed.
-    """
-    from labkit.bench import _check_sizes
-    from labkit.launcher import launch
-
-    if name != "p2p" and name not in COLLECTIVES:
-        raise ValueError(f"unknown collective {name!r}; known: p2p, {', '.join(COLLECTIVES)}")
-    sizes = _check_sizes(collective_sizes() if sizes_bytes is None else sizes_bytes)
-    args = (name, sizes, iters, warmup)
-    out = launch(
-        _run_on_rank, world_size, backend=backend, args=args, device=device, timeout=timeout
-    )
-    return out[0]

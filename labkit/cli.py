@@ -173,8 +173,7 @@ def _add_bench_parser(sub) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from labkit.bench import collective_sizes, format_table
-    from labkit.bench_collectives import launch_collective
+    from labkit.bench import collective_sizes, format_table, launch_collective
 
     sizes = args.sizes or collective_sizes(fast=args.fast)
     try:
