@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.course.readback import read_executed
-from labkit.course.run import NotebookResult
+from labkit.course.readback import NotebookResult, read_executed
 
 _CSS = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }

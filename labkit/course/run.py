@@ -11,56 +11,20 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit.course.readback import NotebookError, read_executed, source_cell, strip_ansi
+from labkit.course.readback import (
+    NotebookError,
+    NotebookResult,
+    read_executed,
+    source_cell,
+    strip_ansi,
+)
 
 _COURSE_NAME = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_CELL_TIMEOUT_S = 600.0
 DEFAULT_OUTPUT_DIR = "course-output"
-
-
-@dataclass
-class NotebookResult:
-    """How one notebook's run went, and what it recorded.
-
-    ``status`` is ``"ok"`` or ``"failed"``; ``records`` are the ``lk.record`` values read back
-    from the executed notebook; ``figures`` counts its PNG outputs; on failure ``error`` says
-    what was raised and ``failing_cell`` holds the source of the cell that raised.
-    """
-
-    name: str
-    path: Path
-    output_path: Path
-    status: str
-    seconds: float
-    parameters: dict[str, Any] = field(default_factory=dict)
-    records: dict[str, Any] = field(default_factory=dict)
-    figures: int = 0
-    error: NotebookError | None = None
-    failing_cell: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when every cell ran without raising."""
-        return self.status == "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready copy (what ``summary.json`` lists per notebook)."""
-        return {
-            "name": self.name,
-            "path": str(self.path),
-            "output_path": str(self.output_path),
-            "status": self.status,
-            "seconds": round(self.seconds, 3),
-            "parameters": self.parameters,
-            "records": self.records,
-            "figures": self.figures,
-            "error": self.error.to_dict() if self.error else None,
-            "failing_cell": self.failing_cell,
-        }
 
 
 def default_notebooks_dir() -> Path:

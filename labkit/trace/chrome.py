@@ -14,17 +14,23 @@ Format with complete events, ``"ph": "X"``) that Perfetto and chrome://tracing l
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from labkit.trace.spans import COMM
-
-if TYPE_CHECKING:
-    from labkit.trace.timeline import Timeline
+from labkit.trace.spans import COMM, Span
 
 LANES = {"compute": 0, "communication": 1, "idle": 2}
 PHASES = {"X", "M", "B", "E", "i", "I", "C"}  # the ones this checker understands
 _META_NAMES = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
+
+
+class SpanTimeline(Protocol):
+    """What a trace is drawn from: a ``lk.trace.Timeline`` (spans on one axis, idle gaps)."""
+
+    world_size: int
+    spans: Sequence[Span]
+    idle: Sequence[Sequence[tuple[int, int]]]
 
 
 def _jsonable(value: Any) -> Any:
@@ -35,7 +41,7 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def to_chrome_trace(timeline: Timeline, path: str | None = None) -> dict[str, Any]:
+def to_chrome_trace(timeline: SpanTimeline, path: str | None = None) -> dict[str, Any]:
     """Chrome-trace JSON of ``timeline``: one process per rank, compute/comm/idle lanes.
 
     Introduced in notebooks/04_custom_backend.ipynb.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from labkit.trace.chrome import to_chrome_trace
 from labkit.trace.spans import COMM, Span
 
 
@@ -187,6 +188,4 @@ class Timeline:
         Raises:
             OSError: ``path`` cannot be written.
         """
-        from labkit.trace.chrome import to_chrome_trace
-
         return to_chrome_trace(self, path)
