@@ -60,7 +60,7 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
             F.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-            ops.append([r.op for r in recording.records()])
+            ops.append([(r.op, r.n_bytes) for r in recording.records()])
             params.append(opt.full_parameters())
         at_rest = opt.rank_bytes().total_bytes
         with torch.no_grad():  # an evaluation forward gathers and frees again
@@ -165,15 +165,31 @@ def test_every_stage_gives_single_process_adams_parameters_after_each_step(runs,
 def test_collectives_per_step(runs):
     _, res = runs
     n_units = 3
-    ag, rs, ar = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
+    ag, rs = "all_gather_into_tensor", "reduce_scatter_tensor"
     expected = {
-        1: [ar] * n_units + [ag] * n_units,  # all-reduce grads in step(), then gather params
+        1: [rs] * n_units + [ag] * n_units,  # reduce-scatter grads in step(), gather params
         2: [rs] * n_units + [ag] * n_units,  # reduce-scatter during backward
         3: [ag] * n_units + [ag, rs] * n_units,  # gather each layer in forward and backward
     }
     for out in res:
         for stage, ops in expected.items():
-            assert out[stage]["ops"] == [ops] * STEPS, stage
+            assert [[op for op, _ in step] for step in out[stage]["ops"]] == [ops] * STEPS, stage
+
+
+def test_stages_1_and_2_move_data_parallelisms_bytes_and_stage_3_half_as_much_again(runs):
+    # ZeRO §7.2.1-7.2.2: a reduce-scatter and an all-gather of Ψ (2Ψ, the same as DDP's one
+    # all-reduce of Ψ) for stages 1 and 2, one more all-gather for stage 3 (3Ψ). The recording
+    # backend counts nccl-tests' size: the whole (padded) buffer, N_d · S elements per unit.
+    world_size, res = runs
+    padded = 4 * world_size * sum(u.shard_numel for u in zero.find_units(_model(), world_size))
+    for out in res:
+        for stage, (n_rs, n_ag) in {1: (1, 1), 2: (1, 1), 3: (1, 2)}.items():
+            for step in out[stage]["ops"]:
+                by_op = {op: sum(n for o, n in step if o == op) for op, _ in step}
+                assert by_op == {
+                    "reduce_scatter_tensor": n_rs * padded,
+                    "all_gather_into_tensor": n_ag * padded,
+                }, stage
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
