@@ -53,12 +53,14 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
     for stage in (1, 2, 3):
         model = _model()
         opt = zero.ZeroOptimizer(model, stage, lr=LR)
-        params, ops = [], []
+        params, ops, shard_grads = [], [], []
         for step in range(STEPS):
             recording.clear()
             x, y = _batch(step, rank)
             F.cross_entropy(model(x), y).backward()
             opt.step()
+            if step == 0:
+                shard_grads = [q.grad.clone() for q in opt.shards]
             opt.zero_grad()
             ops.append([(r.op, r.n_bytes) for r in recording.records()])
             params.append(opt.full_parameters())
@@ -78,6 +80,7 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
             "model": opt.model_bytes(),
             "peak": opt.peak_bytes,
             "shard_numel": sum(s.numel() for s in opt.shards),
+            "shard_grads": shard_grads,
         }
     return out
 
@@ -160,6 +163,26 @@ def test_every_stage_gives_single_process_adams_parameters_after_each_step(runs,
             assert rank_params.keys() == want.keys()
             for name in want:
                 torch.testing.assert_close(rank_params[name], want[name], **TOL)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_rank_gets_the_reduced_gradient_of_its_shard(runs, stage):
+    # ZeRO §5.1 and §7.2.1: after the reduce-scatter a rank holds the gradient of the whole
+    # batch, averaged over ranks, for its own padded shard of every parameter, nothing more.
+    world_size, res = runs
+    model = _model()
+    xs, ys = zip(*(_batch(0, r) for r in range(world_size)), strict=True)
+    F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+    for rank, out in enumerate(res):
+        want = []
+        for q in model.parameters():
+            lo, hi = zero.shard_bounds(q.numel(), world_size, rank)
+            flat = q.grad.reshape(-1)
+            want.append(torch.cat([flat, flat.new_zeros(max(0, hi - flat.numel()))])[lo:hi])
+        got = out[stage]["shard_grads"]
+        assert [g.numel() for g in got] == [w.numel() for w in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
 
 
 def test_collectives_per_step(runs):
