@@ -53,14 +53,16 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
     for stage in (1, 2, 3):
         model = _model()
         opt = zero.ZeroOptimizer(model, stage, lr=LR)
-        params, ops = [], []
+        params, ops, shard_grads = [], [], []
         for step in range(STEPS):
             recording.clear()
             x, y = _batch(step, rank)
             F.cross_entropy(model(x), y).backward()
             opt.step()
+            if step == 0:
+                shard_grads = [q.grad.clone() for q in opt.shards]
             opt.zero_grad()
-            ops.append([r.op for r in recording.records()])
+            ops.append([(r.op, r.n_bytes) for r in recording.records()])
             params.append(opt.full_parameters())
         at_rest = opt.rank_bytes().total_bytes
         with torch.no_grad():  # an evaluation forward gathers and frees again
@@ -78,6 +80,7 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
             "model": opt.model_bytes(),
             "peak": opt.peak_bytes,
             "shard_numel": sum(s.numel() for s in opt.shards),
+            "shard_grads": shard_grads,
         }
     return out
 
@@ -162,18 +165,54 @@ def test_every_stage_gives_single_process_adams_parameters_after_each_step(runs,
                 torch.testing.assert_close(rank_params[name], want[name], **TOL)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_each_rank_gets_the_reduced_gradient_of_its_shard(runs, stage):
+    # ZeRO §5.1 and §7.2.1: after the reduce-scatter a rank holds the gradient of the whole
+    # batch, averaged over ranks, for its own padded shard of every parameter, nothing more.
+    world_size, res = runs
+    model = _model()
+    xs, ys = zip(*(_batch(0, r) for r in range(world_size)), strict=True)
+    F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+    for rank, out in enumerate(res):
+        want = []
+        for q in model.parameters():
+            lo, hi = zero.shard_bounds(q.numel(), world_size, rank)
+            flat = q.grad.reshape(-1)
+            want.append(torch.cat([flat, flat.new_zeros(max(0, hi - flat.numel()))])[lo:hi])
+        got = out[stage]["shard_grads"]
+        assert [g.numel() for g in got] == [w.numel() for w in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
 def test_collectives_per_step(runs):
     _, res = runs
     n_units = 3
-    ag, rs, ar = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
+    ag, rs = "all_gather_into_tensor", "reduce_scatter_tensor"
     expected = {
-        1: [ar] * n_units + [ag] * n_units,  # all-reduce grads in step(), then gather params
+        1: [rs] * n_units + [ag] * n_units,  # reduce-scatter grads in step(), gather params
         2: [rs] * n_units + [ag] * n_units,  # reduce-scatter during backward
         3: [ag] * n_units + [ag, rs] * n_units,  # gather each layer in forward and backward
     }
     for out in res:
         for stage, ops in expected.items():
-            assert out[stage]["ops"] == [ops] * STEPS, stage
+            assert [[op for op, _ in step] for step in out[stage]["ops"]] == [ops] * STEPS, stage
+
+
+def test_stages_1_and_2_move_data_parallelisms_bytes_and_stage_3_half_as_much_again(runs):
+    # ZeRO §7.2.1-7.2.2: a reduce-scatter and an all-gather of Ψ (2Ψ, the same as DDP's one
+    # all-reduce of Ψ) for stages 1 and 2, one more all-gather for stage 3 (3Ψ). The recording
+    # backend counts nccl-tests' size: the whole (padded) buffer, N_d · S elements per unit.
+    world_size, res = runs
+    padded = 4 * world_size * sum(u.shard_numel for u in zero.find_units(_model(), world_size))
+    for out in res:
+        for stage, (n_rs, n_ag) in {1: (1, 1), 2: (1, 1), 3: (1, 2)}.items():
+            for step in out[stage]["ops"]:
+                by_op = {op: sum(n for o, n in step if o == op) for op, _ in step}
+                assert by_op == {
+                    "reduce_scatter_tensor": n_rs * padded,
+                    "all_gather_into_tensor": n_ag * padded,
+                }, stage
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -9,8 +9,9 @@ process with the whole batch; what changes is what each rank keeps, measured by
 per-parameter padded shards).
 
 Communication per step, one call per unit (a module with parameters of its own, e.g. each
-``Linear``): stage 1 all-reduces the gradients and all-gathers the parameters; stage 2
-reduce-scatters the gradients during backward and all-gathers the parameters; stage 3
+``Linear``): stage 1 reduce-scatters the gradients in ``step()`` and all-gathers the
+parameters (ZeRO §7.2.1: 2Ψ, as data parallelism's all-reduce); stage 2 reduce-scatters the
+gradients during backward and all-gathers the parameters; stage 3
 all-gathers the parameters before each unit's forward and again before its backward, and
 reduce-scatters the gradients. Usage, on every rank::
 

@@ -6,11 +6,10 @@ Introduced in notebooks/13_zero_and_fsdp.ipynb.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from labkit.parallel.zero.base import ZeroBase
-from labkit.parallel.zero.comm import all_gather_unit
+from labkit.parallel.zero.comm import all_gather_unit, reduce_scatter_unit
 
 __all__ = ["ZeroStage1"]
 
@@ -22,10 +21,14 @@ class ZeroStage1(ZeroBase):
     Adam's momentum and variance only for its own shard (1/N_d of every parameter,
     ``shard_bounds``). Each parameter lives in a buffer padded to N_d·s elements; the
     module's parameter and this rank's shard are views of it, so the shard costs no memory.
-    Gradients are views of a padded buffer per unit too. ``step()`` all-reduces each unit's
-    gradient buffer and divides by N_d, runs Adam on the shard, and all-gathers the updated
-    shards so every rank holds the new parameters: one all-reduce and one all-gather per
-    unit. Per device: 2Ψ + 2Ψ + KΨ/N_d in the paper's mixed-precision units.
+    Gradients are views of a padded buffer per unit too. ``step()`` follows the paper's
+    schedule (§7.2.1): it reduce-scatters each unit's gradients, so that this rank receives
+    the average over ranks of its own shard only (written into its part of the gradient
+    buffer; the rest of the buffer keeps this rank's local, unreduced gradients, which nothing
+    reads), runs Adam on the shard, and all-gathers the updated shards so every rank holds the
+    new parameters: one reduce-scatter and one all-gather of Ψ per unit, 2Ψ per step as plain
+    data parallelism's all-reduce. Per device: 2Ψ + 2Ψ + KΨ/N_d in the paper's
+    mixed-precision units.
 
     Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
@@ -70,17 +73,29 @@ class ZeroStage1(ZeroBase):
         return [*self.grad_buffers, *(p.grad for p in self.full_params)]
 
     def _reduce_gradients(self) -> None:
-        """All-reduce each unit's padded gradient buffer, then divide by N_d."""
+        """Reduce-scatter each unit's gradients: this rank's shard gets their average.
+
+        ZeRO §7.2.1: P_os needs only the reduced gradient of the shard a rank updates, so a
+        reduce-scatter ((N_d − 1)/N_d · Ψ sent per rank on a ring) replaces data
+        parallelism's all-reduce (twice that).
+        """
         nd = self.dp_world_size
-        for unit, gbuf in zip(self.units, self.grad_buffers, strict=True):
+        for unit, gbuf, (a, b) in zip(
+            self.units, self.grad_buffers, self._shard_index(), strict=True
+        ):
+            grads = []
             for p, off in zip(unit.params, unit.offsets, strict=True):
                 view = gbuf[nd * off : nd * off + p.numel()].view(p.shape)
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     # model.zero_grad() set .grad to None or a new tensor: point it back
                     view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
                     p.grad = view
-            dist.all_reduce(gbuf, group=self.group)
-            gbuf.div_(nd)
+                grads.append(view)
+            piece = reduce_scatter_unit(unit, grads, nd, self.group)  # (S,), averaged
+            self.observe(extra=[piece])
+            mine = zip(self.shards[a:b], unit.shard_sizes, unit.offsets, strict=True)
+            for shard, s, off in mine:
+                shard.grad.copy_(piece[off : off + s])  # a view of this rank's part of gbuf
 
     def _shard_index(self) -> list[tuple[int, int]]:
         """For each unit, the slice of ``self.shards`` holding its parameters' pieces."""
@@ -107,7 +122,7 @@ class ZeroStage1(ZeroBase):
 
     @torch.no_grad()
     def step(self) -> None:
-        """Average the gradients, update this rank's shard with Adam, all-gather the shards."""
+        """Reduce-scatter the gradients, update this rank's shard with Adam, all-gather it."""
         self._reduce_gradients()
         self.optimizer.step()
         self.observe()
