@@ -1,4 +1,4 @@
-"""Mixed-precision training steps: bf16 autocast (CPU or GPU), fp16 with loss scaling (GPU).
+"""Mixed-precision training steps: bf16 autocast, and fp16 with loss scaling, on CPU or GPU.
 
 Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
@@ -8,7 +8,14 @@ forward and backward matmuls in 16 bits, and — for fp16, whose smallest normal
 gradients do not flush to zero, divide the gradients by S before the update, and skip steps
 whose gradients overflowed (§3.2). ``torch.amp.GradScaler`` does that with a dynamic S.
 bfloat16 keeps fp32's 8-bit exponent (range ~1e-38 … 3e38) with a 7-bit mantissa, so it needs
-no loss scaling; CPUs support it in autocast, fp16 + GradScaler is the CUDA path.
+no loss scaling.
+
+Both run on a CPU in the pinned torch 2.13: ``torch.autocast("cpu", dtype=torch.float16)`` runs
+the linear, convolution, matmul and attention ops of ``lk.models`` (MLP, CNN, TinyGPT) in fp16,
+and ``torch.amp.GradScaler("cpu")`` scales the loss, skips the steps whose gradients overflowed
+and updates its scale by the rule ``next_loss_scale`` writes out (tests/test_precision.py checks
+all three on the CPU). Speed is another matter — a CPU without fp16 matrix units gains nothing —
+but fp16's range, its underflow and loss scaling are the same arithmetic as on a GPU.
 
 Precisions are named ``"fp32"`` (no autocast), ``"bf16"`` and ``"fp16"``.
 """
@@ -28,6 +35,7 @@ __all__ = [
     "evaluate",
     "make_scaler",
     "mixed_precision_step",
+    "next_loss_scale",
     "train_classifier",
     "unsupported_reason",
 ]
@@ -57,13 +65,6 @@ def unsupported_reason(precision: str, device: torch.device | str) -> str | None
     if precision not in DTYPES:
         raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}")
     device = torch.device(device)
-    if precision == "fp16" and device.type != "cuda":
-        return (
-            "fp16 mixed precision with loss scaling is the CUDA path: "
-            "torch.amp.GradScaler('cuda') scales the loss and unscales the gradients on the GPU, "
-            f"and CPUs have no fp16 matrix units (device here: {device}). On a CPU use bf16, "
-            "whose fp32-sized exponent needs no loss scaling."
-        )
     if device.type == "cuda" and not torch.cuda.is_available():
         return f"{device} requested but torch.cuda.is_available() is False"
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -98,23 +99,62 @@ def autocast(precision: str, device: torch.device | str) -> torch.autocast:
     return torch.autocast(device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def make_scaler(precision: str, device: torch.device | str) -> torch.amp.GradScaler | None:
-    """A ``torch.amp.GradScaler("cuda")`` for fp16; None for fp32 and bf16 (no scaling needed).
+def make_scaler(
+    precision: str, device: torch.device | str, **kwargs: Any
+) -> torch.amp.GradScaler | None:
+    """A ``torch.amp.GradScaler`` for fp16 on the model's device type; None for fp32 and bf16.
 
     Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
-        device: the model's device.
+        device: the model's device: ``GradScaler("cpu")`` or ``GradScaler("cuda")``.
+        **kwargs: passed to ``GradScaler`` (``init_scale``, ``growth_interval`` ...).
 
     Returns:
-        The scaler, or None.
+        The scaler, or None (bf16 keeps fp32's range: no loss scaling needed).
 
     Raises:
-        RuntimeError: fp16 without CUDA (the reason says why).
+        RuntimeError: the precision cannot run on this device (see ``unsupported_reason``).
     """
     _check(precision, device)
-    return torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(torch.device(device).type, **kwargs)
+
+
+def next_loss_scale(
+    scale: float,
+    clean_steps: int,
+    found_inf: bool,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+) -> tuple[float, int]:
+    """The dynamic loss-scale rule, written out: the scale and clean-step count after a step.
+
+    Introduced in notebooks/09_accumulation_and_precision.ipynb.
+    Micikevicius et al. 2018, §3.2 (dynamic loss scaling), with the defaults and the update of
+    ``torch.amp.GradScaler.update`` (``torch._amp_update_scale_``): an inf/NaN gradient
+    multiplies the scale by ``backoff_factor`` (the step is skipped) and restarts the count;
+    ``growth_interval`` clean steps in a row multiply it by ``growth_factor``.
+
+    Args:
+        scale: the scale S the step's loss was multiplied by.
+        clean_steps: clean (finite-gradient) steps in a row before this one.
+        found_inf: whether this step's gradients held an inf or NaN.
+        growth_factor: factor after ``growth_interval`` clean steps.
+        backoff_factor: factor after an overflow.
+        growth_interval: clean steps in a row before the scale grows.
+
+    Returns:
+        ``(scale, clean_steps)`` for the next step.
+    """
+    if found_inf:
+        return scale * backoff_factor, 0
+    if clean_steps + 1 == growth_interval:
+        return scale * growth_factor, 0
+    return scale, clean_steps + 1
 
 
 def mixed_precision_step(

@@ -1,11 +1,19 @@
-"""Tests for labkit/optim.py: the linear scaling rule with gradual warmup (Goyal et al. 2017)."""
+"""Tests for labkit/optim.py: scaling rules, gradual warmup, and decay checked against torch."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from labkit.optim import linear_scaling_warmup, lr_factor, scaled_lr
+from labkit.optim import (
+    linear_scaling_warmup,
+    lr_factor,
+    scaled_lr,
+    sqrt_scaled_adam,
+    torch_warmup_decay,
+)
 
 
 def _optimizer(lr: float = 0.1, groups: int = 1) -> torch.optim.SGD:
@@ -70,3 +78,69 @@ def test_lr_factor_is_continuous_at_the_end_of_warmup() -> None:
         lr_factor(-1, 4.0, 10)
     with pytest.raises(ValueError, match="warmup_steps must be"):
         linear_scaling_warmup(_optimizer(), 512, 256, warmup_steps=-1)
+
+
+def test_sqrt_rule_for_adam() -> None:
+    # Malladi et al. 2022: batch × κ → lr × √κ, 1 − β × κ, ε ÷ √κ.
+    assert scaled_lr(1e-3, 1024, 256, rule="sqrt") == pytest.approx(2e-3)
+    assert scaled_lr(1e-3, 256, 256, rule="sqrt") == pytest.approx(1e-3)
+    hp = sqrt_scaled_adam(1e-3, (0.9, 0.999), 1e-8, 1024, 256)
+    assert hp["lr"] == pytest.approx(2e-3)
+    assert hp["betas"] == pytest.approx((0.6, 0.996))
+    assert hp["eps"] == pytest.approx(5e-9)
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], **hp)  # valid Adam arguments
+    with pytest.raises(ValueError, match="too large for betas"):
+        sqrt_scaled_adam(1e-3, (0.9, 0.999), 1e-8, 256 * 11, 256)  # β₁ → 1 − 11 · 0.1 < 0
+    with pytest.raises(ValueError, match="rule must be one of"):
+        scaled_lr(1e-3, 512, 256, rule="cube")
+
+
+def test_sqrt_rule_warmup_reaches_root_k() -> None:
+    opt = _optimizer(0.01)
+    sched = linear_scaling_warmup(opt, 1024, 256, warmup_steps=4, rule="sqrt")
+    assert _lrs(sched, opt, 6) == pytest.approx([0.01, 0.0125, 0.015, 0.0175, 0.02, 0.02])
+
+
+@pytest.mark.parametrize("decay", ["linear", "cosine"])
+@pytest.mark.parametrize(
+    ("warmup", "total", "final"), [(6, 48, 0.0), (5, 30, 0.1), (0, 20, 0.1), (1, 2, 0.0)]
+)
+def test_decay_equals_torch_schedulers_at_every_step(decay, warmup, total, final) -> None:
+    base, k = 0.03, 8
+    ours = _optimizer(base)
+    sched = linear_scaling_warmup(
+        ours, 32 * k, 32, warmup, decay=decay, total_steps=total, final_fraction=final
+    )
+    theirs = _optimizer(base * k)  # torch's factors are <= 1: built at the peak rate
+    ref = torch_warmup_decay(theirs, k, warmup, total, decay, final)
+    got, want = _lrs(sched, ours, total + 1), _lrs(ref, theirs, total + 1)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+    assert got[0] == pytest.approx(base if warmup else base * k)
+    assert got[warmup] == pytest.approx(base * k)  # the peak, right after the warmup
+    assert got[total] == pytest.approx(final * base * k, abs=1e-15)
+
+
+def test_decay_known_values_and_after_the_end() -> None:
+    # k = 4, warmup 2, decay over steps 2..6: cosine at the midpoint is (peak + final) / 2.
+    assert lr_factor(4, 4.0, 2, decay="cosine", total_steps=6) == pytest.approx(2.0)
+    assert lr_factor(4, 4.0, 2, decay="linear", total_steps=6) == pytest.approx(2.0)
+    assert lr_factor(3, 4.0, 2, decay="cosine", total_steps=6) == pytest.approx(
+        4.0 * (1 + math.cos(math.pi / 4)) / 2
+    )
+    assert lr_factor(3, 4.0, 2, decay="linear", total_steps=6) == pytest.approx(3.0)
+    for decay in ("linear", "cosine"):  # after total_steps: stays at the final rate
+        got = lr_factor(99, 4.0, 2, decay=decay, total_steps=6, final_fraction=0.1)
+        assert got == pytest.approx(0.4)
+
+
+def test_decay_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="needs total_steps > warmup_steps"):
+        lr_factor(0, 4.0, 5, decay="cosine")
+    with pytest.raises(ValueError, match="needs total_steps > warmup_steps"):
+        linear_scaling_warmup(_optimizer(), 512, 256, 5, decay="linear", total_steps=5)
+    with pytest.raises(ValueError, match="decay must be one of"):
+        lr_factor(0, 4.0, 5, decay="exp", total_steps=9)
+    with pytest.raises(ValueError, match="final_fraction"):
+        lr_factor(0, 4.0, 5, decay="linear", total_steps=9, final_fraction=1.5)
+    with pytest.raises(ValueError, match="need scale >= 1"):
+        torch_warmup_decay(_optimizer(), 0.5, 2, 9, "cosine")

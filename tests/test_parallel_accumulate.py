@@ -15,7 +15,13 @@ import torch.distributed as dist
 from torch import nn
 
 import labkit as lk
-from labkit.parallel.accumulate import accumulation_step, split_micro_batches, sync_context
+from labkit.parallel.accumulate import (
+    accumulation_step,
+    global_token_count,
+    split_micro_batches,
+    sync_context,
+    token_mean_loss,
+)
 
 WORLD_SIZE = 2
 K = 4  # micro-batches per rank and step
@@ -267,3 +273,120 @@ def test_sync_context_uses_no_sync_only_when_not_syncing() -> None:
     assert type(sync_context(w, sync=True)).__name__ == "nullcontext"
     assert isinstance(sync_context(w, sync=False), torch.no_grad) and Wrapped.calls == 1
     assert type(sync_context(nn.Linear(1, 1), sync=False)).__name__ == "nullcontext"
+
+
+TOKENS = 32  # positions per rank; rank r keeps VALID[r] of them, the rest is padding (-100)
+VALID = (4, 32)
+
+
+def _padded_batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(world_size * TOKENS, 64, generator=gen)
+    y = torch.randint(0, 10, (world_size * TOKENS,), generator=gen)
+    for r in range(world_size):
+        y[r * TOKENS + VALID[r] : (r + 1) * TOKENS] = -100  # cross_entropy's ignore_index
+    return x, y
+
+
+def _token_grads(rank: int, world_size: int, weighting: str) -> dict[str, torch.Tensor]:
+    x, y = (_local_tokens(t, rank) for t in _padded_batch(world_size))
+    model = nn.parallel.DistributedDataParallel(_model())
+    out = model(x)
+    if weighting == "rank_mean":  # each rank's mean over its own tokens; DDP averages those
+        loss = nn.functional.cross_entropy(out, y)
+    else:
+        n_global = global_token_count(int((y != -100).sum()))
+        loss_sum = nn.functional.cross_entropy(out, y, reduction="sum")
+        loss = token_mean_loss(loss_sum, n_global, world_size)
+    loss.backward()
+    return {n: q.grad.clone() for n, q in model.module.named_parameters()}
+
+
+def _local_tokens(t: torch.Tensor, rank: int) -> torch.Tensor:
+    return t[rank * TOKENS : (rank + 1) * TOKENS]
+
+
+def _one_process_grads(weighting: str) -> dict[str, torch.Tensor]:
+    """One process: the per-token mean over all ranks' tokens, or the mean of rank means."""
+    x, y = _padded_batch(WORLD_SIZE)
+    model = _model()
+    if weighting == "token_mean":
+        loss = nn.functional.cross_entropy(model(x), y)  # mean over all valid tokens
+    else:
+        loss = (
+            sum(
+                nn.functional.cross_entropy(model(_local_tokens(x, r)), _local_tokens(y, r))
+                for r in range(WORLD_SIZE)
+            )
+            / WORLD_SIZE
+        )
+    loss.backward()
+    return {n: q.grad for n, q in model.named_parameters()}
+
+
+def _both_weightings(rank: int, world_size: int) -> dict[str, dict[str, torch.Tensor]]:
+    return {w: _token_grads(rank, world_size, w) for w in ("rank_mean", "token_mean")}
+
+
+def test_token_weighted_loss_equals_one_process_and_rank_means_do_not() -> None:
+    results = lk.launch(_both_weightings, WORLD_SIZE, timeout=120)
+    full = _one_process_grads("token_mean")
+    mean_of_means = _one_process_grads("rank_mean")
+    for got in results:
+        assert got["token_mean"].keys() == full.keys()
+        for name in full:  # every gradient
+            torch.testing.assert_close(got["token_mean"][name], full[name], **TOL)
+            torch.testing.assert_close(got["rank_mean"][name], mean_of_means[name], **TOL)
+        worst = max((got["rank_mean"][n] - full[n]).abs().max().item() for n in full)
+        assert worst > 1e-3, worst  # 4 vs 32 tokens: the rank means weight tokens 8:1
+
+
+def test_token_mean_loss_arithmetic() -> None:
+    loss_sum = torch.tensor(6.0)
+    assert token_mean_loss(loss_sum, 12, 2).item() == pytest.approx(1.0)  # 2 · 6 / 12
+    with pytest.raises(ValueError, match="n_global > 0"):
+        token_mean_loss(loss_sum, 0, 2)
+
+
+def _scaled_accumulation(rank: int, world_size: int) -> dict:
+    from labkit.precision import autocast
+
+    x_all, y_all = _global_batches(world_size)
+    model = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=2)
+
+    def loss_fn(out, y):
+        return nn.functional.cross_entropy(out.float(), y)
+
+    class Fp16(nn.Module):  # the forward under fp16 autocast; no_sync is DDP's
+        def forward(self, x):
+            with autocast("fp16", "cpu"):
+                return model(x)
+
+        def no_sync(self):
+            return model.no_sync()
+
+    scales, skipped = [], []
+    for s in range(STEPS + 3):
+        before = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+        mbs = split_micro_batches(_local(x_all[s % STEPS], rank), _local(y_all[s % STEPS], rank), K)
+        scales.append(scaler.get_scale())
+        accumulation_step(Fp16(), opt, mbs, loss_fn, max_norm=1e6, scaler=scaler)
+        after = nn.utils.parameters_to_vector(model.parameters()).detach()
+        skipped.append(torch.equal(before, after))
+    scales.append(scaler.get_scale())
+    return {"scales": scales, "skipped": skipped, "params": after.clone()}
+
+
+def test_accumulation_with_a_grad_scaler_skips_overflows_on_every_rank() -> None:
+    from labkit.precision import next_loss_scale
+
+    results = lk.launch(_scaled_accumulation, WORLD_SIZE, timeout=120)
+    got = results[0]
+    assert torch.equal(got["params"], results[1]["params"])  # the ranks agree, skips included
+    scale, clean = got["scales"][0], 0
+    for s, skipped in enumerate(got["skipped"]):
+        scale, clean = next_loss_scale(scale, clean, skipped, growth_interval=2)
+        assert got["scales"][s + 1] == scale, (s, got["scales"])
+    assert any(got["skipped"]) and not all(got["skipped"])

@@ -6,7 +6,9 @@
   1e-5, atol 1e-6). That run also
   passes ``--clip`` with a norm no gradient reaches (so nothing changes) and ``--profile``,
   whose per-rank Chrome traces must pass ``lk.profile.check_profiler_trace``;
-- ``train_ddp --precision bf16`` differs from that fp32 reference, by little;
+- ``train_ddp --precision bf16`` differs from that fp32 reference, by little, and so does
+  ``--precision fp16 --accum-steps 2 --clip`` on the CPU (fp16 autocast with
+  ``GradScaler("cpu")``: the ranks agree, no step overflowed, the scale stayed 2^16);
 - ``train_async --mode sync local async`` on 3 ranks, one job: sync SGD is large-batch SGD
   in one process (``reference_sgd``), local SGD is per-rank SGD with an average every H
   steps and after the last, and the parameter server (rank 0, 2 workers) applies exactly
@@ -45,6 +47,7 @@ def runs(tmp_path_factory) -> dict:
             [*DDP, "--accum-steps", "2", "--clip", "1e6", "--profile", str(tmp / "traces")],
         ),
         "bf16": (2, [*DDP, "--precision", "bf16"]),
+        "fp16": (2, [*DDP, "--precision", "fp16", "--accum-steps", "2", "--clip", "1e6"]),
         "sgd": (3, [*ASYNC, "--mode", "sync", "local", "async", "--steps", str(N),
                       "--local-steps", str(H), "--slow-rank", "2", "--slowdown", "3"]),
     }  # fmt: skip
@@ -111,15 +114,23 @@ def test_accumulation_equals_the_full_batch_and_the_profile_is_valid(runs, fp32)
 
 
 @pytest.mark.slow
-def test_bf16_autocast_differs_from_fp32_by_little(runs, fp32) -> None:
-    bf16 = runs["bf16"]["params"]
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16_bit_autocast_differs_from_fp32_by_little(runs, fp32, precision: str) -> None:
+    got = runs[precision]["params"]
     init = lk.models.MLP(seed=0).state_dict()
-    diff = max((bf16[k] - fp32[k]).abs().max().item() for k in fp32)
+    diff = max((got[k] - fp32[k]).abs().max().item() for k in fp32)
     moved = max((fp32[k] - init[k]).abs().max().item() for k in fp32)
-    assert runs["bf16"]["precision"] == "bf16"
-    print(f"bf16 vs fp32: max |diff| {diff:.3g}, max |fp32 - init| {moved:.3g}")
+    assert runs[precision]["precision"] == precision
+    print(f"{precision} vs fp32: max |diff| {diff:.3g}, max |fp32 - init| {moved:.3g}")
     # Far above float32's reordering (TOL), far below what training moved.
     assert 1e-4 < diff < 0.1 * moved, (diff, moved)
+    text = runs[precision]["text"]
+    assert text.count(f"sha256={runs[precision]['sha256']}") == 2  # both ranks agree
+    if precision == "fp16":  # GradScaler("cpu"): 8 clean steps, far from growth_interval 2000
+        assert runs["fp16"]["loss_scale"] == 2.0**16
+        assert f"[rank 0] step {STEPS} loss " in text and "loss_scale 65536" in text
+    else:
+        assert runs["bf16"]["loss_scale"] is None
 
 
 @pytest.mark.slow
@@ -203,8 +214,6 @@ def test_bad_options_stop_before_joining(monkeypatch, capsys) -> None:
         (train_async, ["--backend", "nccl"], 2, "use gloo"),
         (train_async, ["--slowdown", "0.5"], 2, "need --slowdown >= 1"),
     ]
-    if not torch.cuda.is_available():  # with a GPU, fp16 would run
-        cases.append((train_ddp, ["--precision", "fp16"], 2, "torch.amp.GradScaler('cuda')"))
     for module, argv, world_size, message in cases:
         assert _main(module, argv, monkeypatch, world_size) == 2, argv
         assert message in capsys.readouterr().err, argv

@@ -17,7 +17,16 @@ PyTorch's DDP notes on ``no_sync``):
 
 Works with ``torch.nn.parallel.DistributedDataParallel``, labkit's
 ``DataParallelNaive``/``DataParallelBucketed`` (both offer ``no_sync()``), and a plain module
-(one process: nothing to synchronise).
+(one process: nothing to synchronise). With a ``torch.amp.GradScaler`` (fp16) each backward
+runs on the scaled loss, and the scaler unscales before clipping, skips a step whose
+gradients overflowed and updates its scale once per optimizer step.
+
+Ranks with unequal numbers of tokens (padding, packed sequences of different lengths): DDP
+averages the ranks' gradients with equal weights, so each rank's *mean* loss over its own
+n_r tokens gives the gradient of (1/p) Σ_r (1/n_r) Σ_{i∈r} ℓ_i — not the per-token mean
+(1/N) Σ_i ℓ_i over all N = Σ_r n_r tokens unless every n_r is equal. ``token_mean_loss``
+sums the rank's token losses, all-reduces the token count and divides by N, times p to undo
+DDP's average: the gradient of one process on the whole batch.
 """
 
 from __future__ import annotations
@@ -27,9 +36,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-__all__ = ["accumulation_step", "split_micro_batches", "sync_context"]
+__all__ = [
+    "accumulation_step",
+    "global_token_count",
+    "split_micro_batches",
+    "sync_context",
+    "token_mean_loss",
+]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -84,6 +100,7 @@ def accumulation_step(
     micro_batches: Sequence[Batch],
     loss_fn: LossFn,
     max_norm: float | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """One optimizer step over k micro-batches that equals one step on their union.
 
@@ -103,6 +120,9 @@ def accumulation_step(
         loss_fn: ``loss_fn(output, target)`` → mean loss of the micro-batch.
         max_norm: clip the global gradient 2-norm to this after the all-reduce (None: no
             clipping).
+        scaler: a ``torch.amp.GradScaler`` for fp16 (Micikevicius et al. 2018, §3.2): every
+            backward runs on ``scaler.scale(loss)``, ``unscale_`` precedes the clipping, and
+            ``scaler.step`` / ``scaler.update`` replace ``optimizer.step()``. None: no scaling.
 
     Returns:
         dict with ``loss`` (this rank's mean loss over its N samples, before the step) and
@@ -120,10 +140,63 @@ def accumulation_step(
     for i, (x, y) in enumerate(micro_batches):
         with sync_context(model, sync=i == last):
             loss = loss_fn(model(x), y) * (len(x) / n_total)  # share of the rank's mean
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
         total += loss.item()
     grad_norm = float("nan")
     if max_norm is not None:  # after the last backward: the gradients are averaged already
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clip the true gradients, not S times them
         grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:  # skipped when a gradient is inf/NaN; then the scale backs off
+        scaler.step(optimizer)
+        scaler.update()
     return {"loss": total, "grad_norm": grad_norm}
+
+
+def global_token_count(
+    n_tokens: int, group: dist.ProcessGroup | None = None, device: torch.device | str = "cpu"
+) -> int:
+    """The number of tokens over all ranks of ``group``: an all-reduce (SUM) of the counts.
+
+    Introduced in notebooks/09_accumulation_and_precision.ipynb.
+
+    Args:
+        n_tokens: tokens that count in this rank's loss (padding excluded).
+        group: the data-parallel group (None: the default group).
+        device: where the count travels: ``"cuda"`` under NCCL, ``"cpu"`` under gloo.
+
+    Returns:
+        N = Σ_r n_r, the same on every rank.
+    """
+    count = torch.tensor([n_tokens], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
+    return int(count.item())
+
+
+def token_mean_loss(loss_sum: torch.Tensor, n_global: int, world_size: int) -> torch.Tensor:
+    """This rank's share of the global per-token mean, ready for DDP's gradient average.
+
+    Introduced in notebooks/09_accumulation_and_precision.ipynb.
+
+    DDP divides the summed gradients by p (``world_size``), so the rank's loss is
+    p · Σ_{i∈r} ℓ_i / N: the averaged gradient is then (1/N) Σ_i ∇ℓ_i, the gradient of one
+    process on all N tokens. (The rank's own mean, Σ_{i∈r} ℓ_i / n_r, weights each rank
+    equally instead of each token.)
+
+    Args:
+        loss_sum: Σ ℓ_i over this rank's tokens, e.g. ``cross_entropy(..., reduction="sum")``
+            (with ``ignore_index`` for padding).
+        n_global: tokens over all ranks, ``global_token_count(n_r, group)``.
+        world_size: ranks that DDP averages over.
+
+    Returns:
+        The scalar loss to call ``backward()`` on.
+
+    Raises:
+        ValueError: ``n_global`` or ``world_size`` is not positive.
+    """
+    if n_global <= 0 or world_size <= 0:
+        raise ValueError(f"need n_global > 0 and world_size > 0, got {n_global}, {world_size}")
+    return loss_sum * (world_size / n_global)

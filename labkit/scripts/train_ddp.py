@@ -33,10 +33,13 @@ Notebook 09, gradient accumulation (``lk.parallel.accumulate``): each rank's
 ``--batch-size`` samples per step are cut into ``--accum-steps`` micro-batches, every
 backward but the last runs in ``no_sync()``, so gradients are all-reduced once per step;
 ``--clip`` clips the averaged gradient's norm after that all-reduce; ``--precision bf16``
-runs the forward under bf16 autocast (``lk.precision``; fp16 with a GradScaler needs a GPU)::
+runs the forward under bf16 autocast, ``--precision fp16`` under fp16 autocast with a
+``torch.amp.GradScaler`` of the ranks' device type (``"cpu"`` under gloo, ``"cuda"`` under
+NCCL: both work in torch 2.13), which scales every micro-batch's loss, unscales before the
+clipping and skips a step whose gradients overflowed (``lk.precision``)::
 
     torchrun --standalone --nproc-per-node 2 -m labkit.scripts.train_ddp --steps 20 \\
-        --accum-steps 4 --clip 1.0 --precision bf16
+        --accum-steps 4 --clip 1.0 --precision fp16
 
 Notebook 16, profiling the DDP step (``lk.profile.profile_steps``): steps 1-5 of the run
 go through torch.profiler (skip 1, warm up 1, record 3); every rank writes its Chrome
@@ -126,8 +129,6 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     reason = unsupported_reason(args.precision, device)
     if reason is not None:
         p.error(f"--precision {args.precision}: {reason}")
-    if args.precision == "fp16" and args.accum_steps > 1:
-        p.error("--precision fp16 takes one batch per step (lk.precision.mixed_precision_step)")
     steps = sum(PROFILE_SCHEDULE.values())
     if args.profile is not None and args.steps < steps:
         p.error(f"--profile records steps 1-{steps}: needs --steps >= {steps}")
@@ -148,11 +149,7 @@ def _step(args, env, ddp, opt, batches, scaler, done: list[int]) -> None:
     x, y = x.to(env.device), y.to(env.device)
     loss_fn = nn.functional.cross_entropy
     norm = float("nan")
-    if args.precision == "fp16":
-        from labkit.precision import mixed_precision_step
-
-        loss = mixed_precision_step(ddp, opt, x, y, loss_fn, "fp16", scaler, args.clip)
-    elif args.accum_steps == 1 and args.clip is None and args.precision == "fp32":
+    if args.accum_steps == 1 and args.clip is None and args.precision == "fp32":
         loss_t = loss_fn(ddp(x), y)  # the plain step of notebook 06
         opt.zero_grad()
         loss_t.backward()
@@ -164,12 +161,13 @@ def _step(args, env, ddp, opt, batches, scaler, done: list[int]) -> None:
         micro = split_micro_batches(x, y, args.accum_steps)
         if args.precision != "fp32":
             ddp = _Autocast(ddp, args.precision, env.device)
-        out = accumulation_step(ddp, opt, micro, loss_fn, args.clip)
+        out = accumulation_step(ddp, opt, micro, loss_fn, args.clip, scaler)
         loss, norm = out["loss"], out["grad_norm"]
     done.append(1)
     step = len(done)
     if env.rank == 0 and (step % 10 == 0 or step == args.steps):
         extra = f" grad_norm {norm:.4f}" if args.clip is not None else ""
+        extra += f" loss_scale {scaler.get_scale():g}" if scaler is not None else ""
         print(f"[rank 0] step {step} loss {loss:.4f}{extra}", flush=True)
 
 
@@ -223,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     del train_step, ddp, opt
     extra = {"world_size": env.world_size, "steps": len(done), "accum_steps": args.accum_steps}
     extra["precision"] = args.precision
+    extra["loss_scale"] = scaler.get_scale() if scaler is not None else None
     _common.finish(env, model, args.out, extra)
     return 0
 
