@@ -159,23 +159,24 @@ def _hint(name: str, rank: int, results: list[dict[str, Any]]) -> str:
 def _compare(world_size: int, results: list[dict[str, Any]]) -> float:
     """Raise on the first wrong gradient; the plain average's largest error otherwise."""
     want = _reference(world_size)
-    for rank, res in enumerate(results):
-        for name, ref in want.items():
-            got = res["got"][name]
-            if got is None:
-                raise ExerciseFailed(
-                    f"on {world_size} ranks, rank {rank}: {name}.grad is None afterwards; "
-                    "average in place (keep .grad)"
-                )
-            if _close(got, ref):
-                continue
-            hint = _hint(name, rank, results)
-            err = (got - ref).abs().max().item()
-            raise ExerciseFailed(
-                f"on {world_size} ranks holding {[r['n_tokens'] for r in results]} tokens, rank "
-                f"{rank}: {name}.grad differs from one process's gradient of the mean loss over "
-                f"all tokens (max |Δ| = {err:.3g}): {hint}"
-            )
+    counts = [r["n_tokens"] for r in results]
+    missing = [(r, k) for r, res in enumerate(results) for k in want if res["got"][k] is None]
+    if missing:
+        raise ExerciseFailed(
+            f"on {world_size} ranks, rank {missing[0][0]}: {missing[0][1]}.grad is None "
+            "afterwards; average in place (keep .grad)"
+        )
+    wrong = [
+        (r, k) for r, res in enumerate(results) for k in want if not _close(res["got"][k], want[k])
+    ]
+    if wrong:
+        rank, name = wrong[0]
+        err = (results[rank]["got"][name] - want[name]).abs().max().item()
+        raise ExerciseFailed(
+            f"on {world_size} ranks holding {counts} tokens, rank {rank}: {name}.grad differs "
+            f"from one process's gradient of the mean loss over all tokens (max |Δ| = "
+            f"{err:.3g}): {_hint(name, rank, results)}"
+        )
     plain = {k: sum(r["local"][k] for r in results) / world_size for k in want}
     return max((plain[k] - want[k]).abs().max().item() for k in want)
 
