@@ -1,52 +1,118 @@
-"""Tests for labkit/exercises/nb17.py: the reference causal attention passes, wrong ones fail."""
+"""Tests for labkit/exercises/nb17.py: the token-weighted average passes, known mistakes fail."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 
 import labkit as lk
-from labkit.exercises import ExerciseFailed
+from labkit.exercises import ExerciseFailed, nb17
 
-NAME = "17_causal_attention"
+NAME = "17_token_weighted_average"
 
 
 def test_reference_passes_its_checker() -> None:
     ex = lk.exercises.get(NAME)
-    assert ex.checker(ex.reference) == {"shapes": [[1, 1, 1, 4], [2, 3, 5, 8], [3, 2, 16, 4]]}
+    assert ex.reference is nb17.token_weighted_average
+    detail = ex.checker(ex.reference)
+    assert detail["world_sizes"] == [2, 3]
+    assert detail["tokens"] == {2: [11, 7], 3: [11, 7, 13]}
+    assert detail["plain_average_error"] > 1e-3  # the mistake is visible at this size
+
+
+def test_a_flat_buffer_answer_passes(capsys) -> None:
+    def flat(params, n_tokens, group=None):
+        grads = [q.grad for q in params]
+        buf = torch.cat([g.flatten() for g in grads] + [torch.ones(1)]) * n_tokens
+        dist.all_reduce(buf, group=group)  # the count rides in the last element
+        buf = buf[:-1] / buf[-1]
+        for g, new in zip(grads, buf.split([g.numel() for g in grads]), strict=True):
+            g.copy_(new.view_as(g))
+
+    assert lk.exercises.check(NAME, flat).status == "passed"
+    assert "correct" in capsys.readouterr().out
 
 
 def test_not_attempted_falls_back_to_the_reference(capsys) -> None:
-    def todo(q, k, v):
+    def todo(params, n_tokens, group=None):
         raise NotImplementedError("your code here")
 
     assert lk.exercises.check(NAME, todo).status == "reference"
     assert "not attempted" in capsys.readouterr().out
 
 
-def _masked(q, k, v, diagonal: int, scale: bool = True, lower: bool = False):
-    T, d = q.shape[-2], q.shape[-1]
-    s = q @ k.transpose(-2, -1) / (math.sqrt(d) if scale else 1.0)
-    ones = torch.ones(T, T, dtype=torch.bool)
-    mask = ones.tril(-1) if lower else ones.triu(diagonal)
-    return torch.softmax(s.masked_fill(mask, float("-inf")), -1) @ v
+def _plain_average(params, n_tokens, group=None):
+    for q in params:
+        dist.all_reduce(q.grad, group=group)
+        q.grad /= dist.get_world_size(group)
+
+
+def _sum(params, n_tokens, group=None):
+    for q in params:
+        dist.all_reduce(q.grad, group=group)
+
+
+def _divides_by_local_count(params, n_tokens, group=None):
+    for q in params:
+        q.grad *= n_tokens
+        dist.all_reduce(q.grad, group=group)
+        q.grad /= n_tokens
+
+
+def _never_divides(params, n_tokens, group=None):
+    for q in params:
+        q.grad *= n_tokens
+        dist.all_reduce(q.grad, group=group)
+
+
+def _local_only(params, n_tokens, group=None):
+    total = torch.tensor(float(n_tokens))
+    dist.all_reduce(total, group=group)  # communicates, but never the gradients
+
+
+def _reduce_to_rank_0(params, n_tokens, group=None):
+    total = torch.tensor(float(n_tokens))
+    dist.all_reduce(total, group=group)
+    for q in params:
+        q.grad *= n_tokens
+        dist.reduce(q.grad, dst=0, group=group)
+        q.grad /= total
+
+
+def _skips_vectors(params, n_tokens, group=None):
+    nb17.token_weighted_average([q for q in params if q.dim() > 1], n_tokens, group)
+
+
+def _drops_grads(params, n_tokens, group=None):
+    for q in params:
+        q.grad = None
 
 
 @pytest.mark.parametrize(
     ("wrong", "match"),
     [
-        (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "every key"),
-        (lambda q, k, v: _masked(q, k, v, 1, scale=False), "√d"),
-        (lambda q, k, v: _masked(q, k, v, 0), "NaN"),
-        (lambda q, k, v: _masked(q, k, v, 2), "output differs"),
-        (lambda q, k, v: _masked(q, k, v, 1, lower=True), "output differs"),
-        (lambda q, k, v: _masked(q, k, v, 1).detach(), "no gradient"),
-        (lambda q, k, v: _masked(q, k, v, 1)[:, :, :-1], "same shape"),
+        (_plain_average, r"plain average .* they hold \[11, 7\]"),
+        (_sum, "sum of the ranks' mean gradients"),
+        (_divides_by_local_count, r"divided by this rank's n_tokens \(11\).*total .* \(18\)"),
+        (_never_divides, r"weighted sum: divide it by the total token count \(18\)"),
+        (_local_only, "still this rank's own gradient"),
+        (_reduce_to_rank_0, "the ranks disagree"),
+        (_skips_vectors, r"rank 0: \S+(bias|weight)\.grad differs"),
+        (_drops_grads, "grad is None afterwards"),
+        (lambda params, n_tokens, group=None: params[99], "IndexError"),
     ],
-    ids=["no-mask", "no-scale", "diagonal-masked", "sees-next", "anti-causal", "detached", "shape"],
+    ids=[
+        "plain-average",
+        "sum",
+        "local-count",
+        "no-division",
+        "no-all-reduce",
+        "reduce",
+        "skips-vectors",
+        "drops-grads",
+        "raises",
+    ],
 )
 def test_wrong_answers_fail_with_a_reason(wrong, match) -> None:
     with pytest.raises(ExerciseFailed, match=match):

@@ -29,6 +29,8 @@ _TORCH = {
     "train_reference": "train",
     "gpt_stages": "setups",
     "lm_loss": "setups",
+    "make_groups": "setups",
+    "make_setup": "setups",
 }
 
 __all__ = ["NAMES", "Strategy", *sorted(_TORCH)]

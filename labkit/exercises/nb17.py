@@ -2,114 +2,217 @@
 
 Introduced in notebooks/17_capstone.ipynb.
 
-``17_causal_attention``: write the attention of a GPT by hand, softmax(QKᵀ/√d + M)·V with the
-causal mask M (0 where key j ≤ query i, −∞ after it: Vaswani et al. 2017, §3.2.3, "masking out
-(setting to −∞) all values in the input of the softmax which correspond to illegal
-connections"). The checker compares the output and the gradients of q, k and v with
-``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)`` on several shapes,
-and checks that changing a future key or value leaves every earlier output alone.
+``17_token_weighted_average``: the gradient all-reduce of the capstone's data parallelism when
+the ranks hold different numbers of tokens. Each rank's loss is the mean cross-entropy over
+its own target tokens (padding ignored, ``ignore_index=-100``), so its gradient is
+``g_r = (1/n_r) Σ_{its tokens} ∇ℓ``. The gradient of the mean loss over the whole batch is
+``Σ_r n_r g_r / Σ_r n_r``: weight each rank's gradient by its token count, sum over the ranks
+and divide by the total count, which only an all-reduce of the counts gives every rank. The
+plain average ``(1/d) Σ_r g_r`` (notebook 06, and what DDP does) is that only when every
+``n_r`` is the same, as in the capstone's full windows. Megatron-Core does the same for the
+same reason: with ``calculate_per_token_loss`` its ``finalize_model_grads(model, num_tokens)``
+all-reduces the token count over the data-parallel ranks and scales the summed gradients by
+its inverse.
+
+The checker launches 2 and 3 ranks on gloo; each runs a TinyGPT forward and backward on its
+own padded sequences (token counts differ from rank to rank), calls the learner's function,
+and every rank's gradients must equal one process's gradient of the mean loss over all the
+batch's tokens. The message says what the answer computed instead, if it is a known mistake.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from labkit.exercises import ExerciseFailed, exercise
+from labkit.exercises._failures import first_cause
+from labkit.launcher import LaunchTimeout, RankError, launch
 
-SHAPES = ((1, 1, 1, 4), (2, 3, 5, 8), (3, 2, 16, 4))  # (B, heads, T, head_dim)
-RTOL, ATOL = 1e-5, 1e-5
+WORLD_SIZES = (2, 3)
+TIMEOUT_S = 60.0
+PER_RANK, T, VOCAB = 2, 8, 11  # sequences per rank, positions, vocabulary
+# Real tokens in each of the global batch's sequences (the rest is padding): ranks hold
+# 11, 7 and 13 target tokens.
+LENGTHS = (8, 3, 6, 1, 8, 5)
+IGNORE = -100  # F.cross_entropy's default ignore_index
+RTOL, ATOL = 1e-5, 1e-7
 
-PROMPT = """Write `my_causal_attention(q, k, v)` for tensors of shape (B, heads, T, d): the
-scores q·kᵀ/√d, the causal mask (a query at position i sees keys 0..i, never a later one),
-softmax over the keys, then the weighted sum of v. Use plain tensor operations (no
-scaled_dot_product_attention)."""
-
-
-def reference_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal scaled dot-product attention (reference of ``17_causal_attention``).
-
-    Introduced in notebooks/17_capstone.ipynb (Vaswani et al. 2017, §3.2.1 and §3.2.3).
-
-    Args:
-        q, k, v: (B, heads, T, d).
-
-    Returns:
-        torch.Tensor: (B, heads, T, d).
-    """
-    T, d = q.shape[-2], q.shape[-1]  # time, head width
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # j > i
-    scores = scores.masked_fill(future, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+PROMPT = """Write `my_token_weighted_average(params, n_tokens, group=None)`: each rank has run
+backward on the mean loss over its own `n_tokens` target tokens; make every parameter's `.grad`
+(in place, on every rank) the gradient of the mean loss over all ranks' tokens: multiply by
+`n_tokens`, all-reduce (sum), divide by the total token count (all-reduce it too, as a tensor
+on the gradients' device)."""
 
 
-def _inputs(shape: tuple[int, ...], seed: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=g, requires_grad=True) for _ in range(3)]
+def token_weighted_average(
+    params: Sequence[torch.Tensor], n_tokens: int, group: dist.ProcessGroup | None = None
+) -> None:
+    """Make every ``.grad`` the gradient of the mean loss over all ranks' tokens.
 
-
-def _hint(got: torch.Tensor, q, k, v) -> str:
-    with torch.no_grad():
-        full = F.scaled_dot_product_attention(q, k, v)
-        if torch.allclose(got, full, rtol=1e-4, atol=1e-4):
-            return "it attends to every key: mask the future (keys after the query)"
-        unscaled = F.scaled_dot_product_attention(q * math.sqrt(q.shape[-1]), k, v, is_causal=True)
-        if torch.allclose(got, unscaled, rtol=1e-4, atol=1e-4):
-            return "divide the scores by √d (the head width)"
-        if torch.isnan(got).any():
-            return "NaN: a row has every key masked; a query must see its own position"
-    return "compare your mask with (keys 0..i visible to query i)"
-
-
-@exercise("17_causal_attention", reference=reference_causal_attention, prompt=PROMPT)
-def check_causal_attention(fn: Callable[..., torch.Tensor]) -> dict[str, Any]:
-    """Check the learner's causal attention against PyTorch's, values and gradients.
+    Reference solution of exercise ``17_token_weighted_average``: ``Σ_r n_r g_r / Σ_r n_r``
+    with one all-reduce for the counts and one per parameter (a bucketed version flattens
+    the gradients first, as DDP does).
 
     Introduced in notebooks/17_capstone.ipynb.
 
     Args:
-        fn: the learner's ``my_causal_attention(q, k, v)``.
+        params: this rank's parameters, after ``backward`` of its mean loss.
+        n_tokens: the number of target tokens that loss averaged over on this rank.
+        group: the data-parallel group (None: the default group).
 
     Returns:
-        ``{"shapes": [...]}``: the shapes checked.
+        None; every ``.grad`` holds the weighted average afterwards.
 
     Raises:
-        ExerciseFailed: wrong shape, output, gradient, or a past output that depends on the
-            future.
+        RuntimeError: from ``torch.distributed`` when the group is not initialised.
     """
-    for i, shape in enumerate(SHAPES):
-        q, k, v = _inputs(shape, 17 + i)
-        got = fn(q, k, v)
-        if not isinstance(got, torch.Tensor) or got.shape != shape:
+    grads = [p.grad for p in params if p.grad is not None]
+    # the count travels as a tensor on the gradients' device: NCCL takes no CPU tensors
+    total = torch.tensor(float(n_tokens), device=grads[0].device, dtype=torch.float64)
+    dist.all_reduce(total, group=group)
+    for g in grads:
+        g.mul_(n_tokens)
+        dist.all_reduce(g, group=group)
+        g.div_(total.item())
+
+
+def _model() -> torch.nn.Module:
+    from labkit.models import TinyGPT
+
+    return TinyGPT(VOCAB, dim=16, n_layers=1, n_heads=2, seq_len=T, seed=17)
+
+
+def _batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, T) and next-token targets with padding marked ``IGNORE``."""
+    g = torch.Generator().manual_seed(17)
+    b = PER_RANK * world_size
+    x = torch.randint(0, VOCAB, (b, T), generator=g)
+    y = torch.randint(0, VOCAB, (b, T), generator=g)
+    for i, n in enumerate(LENGTHS[:b]):
+        y[i, n:] = IGNORE
+    return x, y
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+
+
+def _run(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, Any]:
+    x, y = _batch(world_size)
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    model = _model()
+    _loss(model, x[mine], y[mine]).backward()
+    n_tokens = int((y[mine] != IGNORE).sum())
+    local = {k: q.grad.clone() for k, q in model.named_parameters()}
+    fn(list(model.parameters()), n_tokens, None)
+    got = {k: None if q.grad is None else q.grad.clone() for k, q in model.named_parameters()}
+    return {"n_tokens": n_tokens, "local": local, "got": got}
+
+
+def _reference(world_size: int) -> dict[str, torch.Tensor]:
+    """One process: the mean loss over every real token of the whole batch."""
+    model = _model()
+    _loss(model, *_batch(world_size)).backward()
+    return {k: q.grad for k, q in model.named_parameters()}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _hint(name: str, rank: int, results: list[dict[str, Any]]) -> str:
+    """Which known mistake ``results[rank]``'s gradient of ``name`` is, in words."""
+    n = [r["n_tokens"] for r in results]
+    g = [r["local"][name] for r in results]
+    got, total = results[rank]["got"][name], sum(n)
+    weighted = sum(k * gi for k, gi in zip(n, g, strict=True))
+    known = [
+        (g[rank], "it is still this rank's own gradient: all-reduce it across the ranks"),
+        (
+            sum(g) / len(g),
+            f"that is the plain average of the ranks' gradients, right only if every rank held "
+            f"the same number of tokens; they hold {n}: weight each rank's gradient by its "
+            "n_tokens before the sum",
+        ),
+        (sum(g), "that is the sum of the ranks' mean gradients: weight by n_tokens, divide"),
+        (
+            weighted / n[rank],
+            f"it is divided by this rank's n_tokens ({n[rank]}); divide by the total over all "
+            f"ranks ({total}), which needs an all-reduce of the counts",
+        ),
+        (weighted, f"it is the weighted sum: divide it by the total token count ({total})"),
+    ]
+    for value, words in known:
+        if _close(got, value):
+            return words
+    others = [r["got"][name] for r in results]
+    if any(o is None or not torch.equal(o, others[0]) for o in others):
+        return "the ranks disagree: every rank needs the result (all_reduce, not reduce)"
+    return "compare it with Σ_r n_r·g_r / Σ_r n_r"
+
+
+def _compare(world_size: int, results: list[dict[str, Any]]) -> float:
+    """Raise on the first wrong gradient; the plain average's largest error otherwise."""
+    want = _reference(world_size)
+    counts = [r["n_tokens"] for r in results]
+    missing = [(r, k) for r, res in enumerate(results) for k in want if res["got"][k] is None]
+    if missing:
+        raise ExerciseFailed(
+            f"on {world_size} ranks, rank {missing[0][0]}: {missing[0][1]}.grad is None "
+            "afterwards; average in place (keep .grad)"
+        )
+    wrong = [
+        (r, k) for r, res in enumerate(results) for k in want if not _close(res["got"][k], want[k])
+    ]
+    if wrong:
+        rank, name = wrong[0]
+        err = (results[rank]["got"][name] - want[name]).abs().max().item()
+        raise ExerciseFailed(
+            f"on {world_size} ranks holding {counts} tokens, rank {rank}: {name}.grad differs "
+            f"from one process's gradient of the mean loss over all tokens (max |Δ| = "
+            f"{err:.3g}): {_hint(name, rank, results)}"
+        )
+    plain = {k: sum(r["local"][k] for r in results) / world_size for k in want}
+    return max((plain[k] - want[k]).abs().max().item() for k in want)
+
+
+@exercise("17_token_weighted_average", reference=token_weighted_average, prompt=PROMPT)
+def check_token_weighted_average(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Check a token-weighted gradient all-reduce against one process on the whole batch.
+
+    Introduced in notebooks/17_capstone.ipynb.
+
+    Args:
+        fn: the learner's ``fn(params, n_tokens, group=None)``.
+
+    Returns:
+        ``{"world_sizes", "tokens", "plain_average_error"}``: the worlds checked, each one's
+        tokens per rank, and the largest error the plain average of the ranks' gradients
+        would have had there (the mistake this exercise is about).
+
+    Raises:
+        ExerciseFailed: a rank's gradient differs (the message names the mistake), the
+            function raised, or it hung.
+        RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
+    """
+    tokens, plain_error = {}, 0.0
+    for world_size in WORLD_SIZES:
+        try:
+            results = launch(_run, world_size, "gloo", args=(fn,), timeout=TIMEOUT_S, device="cpu")
+        except LaunchTimeout as exc:
             raise ExerciseFailed(
-                f"for inputs of shape {shape} expected an output of the same shape, got "
-                f"{getattr(got, 'shape', type(got).__name__)}"
-            )
-        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-            raise ExerciseFailed(f"shape {shape}: the output differs; {_hint(got, q, k, v)}")
-        w = torch.randn(shape, generator=torch.Generator().manual_seed(i))
-        if not got.requires_grad:
-            raise ExerciseFailed("the output has no gradient: do not detach or use no_grad")
-        mine = torch.autograd.grad((got * w).sum(), (q, k, v))
-        ref = torch.autograd.grad((want * w).sum(), (q, k, v))
-        for name, a, b in zip("qkv", mine, ref, strict=True):
-            if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
-                raise ExerciseFailed(f"shape {shape}: the gradient of {name} differs")
-        T = shape[2]
-        if T > 1:
-            k2, v2 = k.detach().clone(), v.detach().clone()
-            k2[:, :, -1] += 1.0
-            v2[:, :, -1] += 1.0
-            with torch.no_grad():
-                past = fn(q.detach(), k2, v2)[:, :, :-1]
-            if not torch.allclose(past, got.detach()[:, :, :-1], rtol=RTOL, atol=ATOL):
-                raise ExerciseFailed(
-                    f"shape {shape}: changing the last key and value changed earlier outputs"
-                )
-    return {"shapes": [list(s) for s in SHAPES]}
+                f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s: "
+                "every rank must issue the same all-reduces in the same order.\n" + exc.headline
+            ) from exc
+        except RankError as exc:
+            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
+                raise  # not attempted: check() runs the reference instead
+            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+        plain_error = max(plain_error, _compare(world_size, results))
+        tokens[world_size] = [r["n_tokens"] for r in results]
+    return {"world_sizes": list(WORLD_SIZES), "tokens": tokens, "plain_average_error": plain_error}
