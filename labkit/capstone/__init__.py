@@ -2,9 +2,9 @@
 
 Introduced in notebooks/17_capstone.ipynb.
 
-``strategy`` names the parallel degrees (``Strategy``, no torch), ``setups`` and ``sharded``
-build one rank's share of the model with the course's techniques (DDP, ZeRO-1/2/3, FSDP2,
-tensor and pipeline parallelism), ``train`` runs the steps on every rank and the
+``strategy`` names the parallel degrees (``Strategy``, no torch), ``build`` (with ``setups``
+and ``sharded``) builds one rank's share of the model with the course's techniques (DDP,
+ZeRO-1/2/3, FSDP2, tensor and pipeline parallelism), ``train`` runs the steps on every rank and the
 single-process reference::
 
     s = lk.capstone.Strategy.parse("zero3", world_size=4)
@@ -30,7 +30,7 @@ _TORCH = {
     "gpt_stages": "setups",
     "lm_loss": "setups",
     "make_groups": "setups",
-    "make_setup": "setups",
+    "make_setup": "build",
 }
 
 __all__ = ["NAMES", "Strategy", *sorted(_TORCH)]

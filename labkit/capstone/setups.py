@@ -21,7 +21,17 @@ from labkit.capstone.strategy import Strategy
 from labkit.models import TinyGPT
 from labkit.parallel.zero.base import storage_bytes
 
-__all__ = ["Groups", "RankSetup", "gpt_stages", "lm_loss", "make_groups", "make_setup"]
+__all__ = [
+    "Groups",
+    "RankSetup",
+    "average_grads",
+    "evaluator",
+    "gpt_stages",
+    "lm_loss",
+    "make_groups",
+    "plain_step",
+    "state_bytes",
+]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -123,7 +133,8 @@ class RankSetup:
         self.state_bytes, self.full_state = state_bytes, full_state
 
 
-def _bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state (each storage once)."""
     seen: set[int] = set()
     states = [t for st in optimizer.state.values() for t in st.values()]
     return {
@@ -133,75 +144,33 @@ def _bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict
     }
 
 
-def _average(params: list[torch.Tensor], group: dist.ProcessGroup, n: int) -> None:
+def average_grads(params: list[torch.Tensor], group: dist.ProcessGroup, n: int) -> None:
+    """Average every gradient over the ``n`` ranks of ``group``: one all-reduce per tensor."""
     if n > 1:
         for p in params:
             dist.all_reduce(p.grad, group=group)
             p.grad.div_(n)
 
 
-def _plain_step(model, params, opt, groups, n_dp) -> Callable:
+def plain_step(model, params, opt, groups, n_dp) -> Callable:
+    """A training step: forward, backward, gradients averaged over ``groups.dp``, Adam."""
+
     def step(x: torch.Tensor, y: torch.Tensor) -> float:
         opt.zero_grad(set_to_none=False)
         loss = lm_loss(model(x), y)
         loss.backward()
-        _average(params, groups.dp, n_dp)
+        average_grads(params, groups.dp, n_dp)
         opt.step()
         return loss.item()
 
     return step
 
 
-def _evaluate(model: nn.Module) -> Callable:
+def evaluator(model: nn.Module) -> Callable:
+    """The loss of ``model`` on a batch, without gradients."""
+
     @torch.no_grad()
     def evaluate(x: torch.Tensor, y: torch.Tensor) -> float:
         return lm_loss(model(x), y).item()
 
     return evaluate
-
-
-def make_setup(
-    strategy: Strategy, groups: Groups, make_model: Callable[[], TinyGPT], lr: float
-) -> RankSetup:
-    """Build this rank's part of the model under ``strategy``, with Adam at ``lr``.
-
-    Introduced in notebooks/17_capstone.ipynb.
-
-    Args:
-        strategy: the strategy.
-        groups: this rank's groups (``make_groups``).
-        make_model: builds the same TinyGPT on every rank (same seed).
-        lr: Adam's learning rate.
-
-    Returns:
-        The ``RankSetup``.
-    """
-    from labkit.capstone import sharded
-
-    s = strategy
-    if s.pp > 1:
-        return sharded.pipeline_setup(s, groups, make_model, lr)
-    if s.tp > 1:
-        return sharded.tensor_setup(s, groups, make_model, lr)
-    if s.fsdp:
-        return sharded.fsdp_setup(groups, make_model, lr)
-    if s.zero_stage:
-        return sharded.zero_setup(s, groups, make_model, lr)
-    from labkit.parallel.ddp import DataParallelBucketed
-
-    model = make_model()
-    ddp = DataParallelBucketed(model, group=groups.dp)
-    params = list(model.parameters())
-    opt = torch.optim.Adam(params, lr=lr)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        opt.zero_grad(set_to_none=False)
-        loss = lm_loss(ddp(x), y)
-        loss.backward()  # buckets all-reduced (averaged) during backward
-        opt.step()
-        return loss.item()
-
-    def full_state() -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in model.named_parameters()}
-
-    return RankSetup(step, _evaluate(model), lambda: _bytes(params, opt), full_state)

@@ -15,12 +15,12 @@ import torch.distributed as dist
 
 from labkit.capstone.setups import (
     RankSetup,
-    _average,
-    _bytes,
-    _evaluate,
-    _plain_step,
+    average_grads,
+    evaluator,
     gpt_stages,
     lm_loss,
+    plain_step,
+    state_bytes,
 )
 from labkit.models import TinyGPT
 
@@ -54,7 +54,7 @@ def zero_setup(s: Strategy, groups: Groups, make_model: Callable[[], TinyGPT], l
         return loss.item()
 
     return RankSetup(
-        step, _evaluate(model), lambda: _breakdown(opt.rank_bytes()), opt.full_parameters
+        step, evaluator(model), lambda: _breakdown(opt.rank_bytes()), opt.full_parameters
     )
 
 
@@ -82,7 +82,7 @@ def fsdp_setup(groups: Groups, make_model: Callable[[], TinyGPT], lr: float) -> 
         return {k: v.full_tensor().detach().clone() for k, v in model.named_parameters()}
 
     return RankSetup(
-        step, _evaluate(model), lambda: _breakdown(fsdp_rank_bytes(model, opt)), full_state
+        step, evaluator(model), lambda: _breakdown(fsdp_rank_bytes(model, opt)), full_state
     )
 
 
@@ -125,8 +125,8 @@ def tensor_setup(
                 out[f"{mname}.{pname}" if mname else pname] = full
         return out
 
-    step = _plain_step(model, params, opt, groups, s.dp)
-    return RankSetup(step, _evaluate(model), lambda: _bytes(params, opt), full_state)
+    step = plain_step(model, params, opt, groups, s.dp)
+    return RankSetup(step, evaluator(model), lambda: state_bytes(params, opt), full_state)
 
 
 def pipeline_setup(
@@ -158,7 +158,7 @@ def pipeline_setup(
         # Token ids travel as floats: the runtime's receive buffers take the input's dtype.
         xs, ys = list(x.float().chunk(m)), list(y.chunk(m))
         result = run_schedule(schedule, {me: stage}, xs, ys, lm_loss, shapes, group=groups.pp)
-        _average(params, groups.dp, s.dp)
+        average_grads(params, groups.dp, s.dp)
         opt.step()
         return result.loss if me == last else None
 
@@ -183,4 +183,4 @@ def pipeline_setup(
         dist.all_gather_object(parts, mine, group=groups.pp)
         return {k: v for part in parts for k, v in part.items()}
 
-    return RankSetup(step, evaluate, lambda: _bytes(params, opt), full_state)
+    return RankSetup(step, evaluate, lambda: state_bytes(params, opt), full_state)

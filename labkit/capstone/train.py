@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from labkit.capstone.setups import lm_loss, make_groups, make_setup
+from labkit.capstone.build import make_setup
+from labkit.capstone.setups import lm_loss, make_groups
 from labkit.capstone.strategy import Strategy
 from labkit.data import CharCorpus, char_corpus
 from labkit.models import TinyGPT
