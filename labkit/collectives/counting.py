@@ -193,6 +193,9 @@ class P2P:
 
         Returns:
             The ``Work`` objects, in the order sends then receives; ``wait()`` on each.
+
+        Raises:
+            RuntimeError: from ``torch.distributed`` (e.g. a peer outside the group).
         """
         for tensor, dst in sends:
             self._record("send", dst, tensor)

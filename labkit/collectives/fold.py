@@ -32,6 +32,9 @@ def group_rank(new_rank: int, world_size: int) -> int:
     Returns:
         ``2·new_rank + 1`` for the first rem new ranks (the odd partners), else
         ``new_rank + rem``.
+
+    Raises:
+        Nothing of its own.
     """
     rem = world_size - largest_power_of_two(world_size)
     return 2 * new_rank + 1 if new_rank < rem else new_rank + rem
@@ -49,6 +52,9 @@ def fold_in(p2p: P2P, flat: torch.Tensor, buf: torch.Tensor, op: str) -> int | N
     Returns:
         This rank's new rank among the p' ranks that go on, or None when it sat out (it
         must then call ``unfold`` to receive the result).
+
+    Raises:
+        RuntimeError: from ``torch.distributed`` when a message fails.
     """
     p, r = p2p.world_size, p2p.rank
     rem = p - largest_power_of_two(p)
@@ -68,6 +74,12 @@ def unfold(p2p: P2P, flat: torch.Tensor) -> None:
     Args:
         p2p: this rank's ``P2P``.
         flat: the result on the partners; filled in place on the ranks that sat out.
+
+    Returns:
+        None.
+
+    Raises:
+        RuntimeError: from ``torch.distributed`` when a message fails.
     """
     p, r = p2p.world_size, p2p.rank
     rem = p - largest_power_of_two(p)

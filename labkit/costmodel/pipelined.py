@@ -65,7 +65,7 @@ def pipelined_tree_terms(world_size: int, segments: int) -> CostTerms:
         4 * (lg + k),
         2 * (1 + lg / k),
         1 + lg / k,
-        f"(4⌈lg p⌉ + 4k)α + 2(1 + ⌈lg p⌉/k)nβ + (1 + ⌈lg p⌉/k)nγ, k = {k}",
+        "(4⌈lg p⌉ + 4k)α + 2(1 + ⌈lg p⌉/k)nβ + (1 + ⌈lg p⌉/k)nγ",
         "Sanders, Speck, Träff 2009 (two-tree); NCCL's double binary tree",
     )
 
