@@ -183,6 +183,35 @@ def test_every_algorithm_equals_dist_all_reduce(world_size):
     assert len(results[0]["rows"]) == len(_cases())
 
 
+def _run_eight(rank: int, world_size: int) -> list[dict]:
+    cases = [
+        (alg, op, dt, n)
+        for alg in ("ring", "recursive_doubling", "rabenseifner")
+        for op, dt, n in (
+            ("sum", torch.float32, 1000),
+            ("max", torch.int64, 7),
+            ("avg", torch.float64, 3),
+            ("sum", torch.bfloat16, 1023),
+        )
+    ]
+    return [_run_case(rank, *case) for case in cases]
+
+
+def test_eight_ranks_equal_dist_all_reduce_and_formulas():
+    """p = 8 (log2 p = 3 steps per phase), a few cases: 8 ranks on 2 cores are slow."""
+    results = lk.launch(_run_eight, world_size=8, backend="gloo", device="cpu", timeout=300)
+    for rank, rows in enumerate(results):
+        for row in rows:
+            assert row["error"] is None, (rank, row["key"], row["error"])
+            alg, _, _, numel = row["key"]
+            want = _expected_counts(alg, 8, rank, numel, row["element_size"])
+            assert row["counts"] == want, (rank, row["key"])
+    for i, row in enumerate(results[0]):
+        assert len({rows[i]["digest"] for rows in results}) == 1, row["key"]
+    assert results[0][8]["counts"]["messages_sent"] == 6  # rabenseifner: 2·log2 8
+    assert results[0][8]["counts"]["bytes_sent"] == 2 * 7 * 1000 // 8 * 4
+
+
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_every_rank_gets_bitwise_identical_result(world_size):
     results = _results(world_size)
@@ -227,8 +256,10 @@ def test_who_sends_to_whom(world_size):
         for phase in ("reduce-scatter", "all-gather"):
             assert [m.step for m in sends if m.phase == phase] == list(range(p - 1))
         rd = [m for m in msgs["recursive_doubling"] if m.phase == "exchange"]
+        rab = [m.peer for m in msgs["rabenseifner"] if m.direction == "send"]
         if p == 4:
             assert [m.peer for m in rd if m.direction == "send"] == [rank ^ 1, rank ^ 2]
+            assert rab == [rank ^ 2, rank ^ 1, rank ^ 1, rank ^ 2]  # halving, then doubling
         tree_sends = [m.peer for m in msgs["tree"] if m.direction == "send"]
         parent = [rank - (rank & -rank)] if rank else []
         assert sorted(tree_sends) == sorted(parent + tree_children(rank, p))
@@ -324,9 +355,48 @@ def test_message_formulas_closed_forms(p):
     assert expected_messages("naive", p, 0) == p - 1
     if p & (p - 1) == 0:  # power of two
         assert [expected_messages("recursive_doubling", p, r) for r in range(p)] == [log_p] * p
+        assert [expected_messages("rabenseifner", p, r) for r in range(p)] == [2 * log_p] * p
+    if p % 2 == 1 and p > 1:  # odd p: at least one rank folds out and sends once
+        assert expected_messages("rabenseifner", p, 0) == 1
     for alg in ALGS:
         assert expected_messages(alg, p) == expected_messages(alg, p, direction="recv")
         assert expected_bytes(alg, p, n, es) == expected_bytes(alg, p, n, es, direction="recv")
+
+
+@pytest.mark.parametrize("p", (1, 2, 4, 8, 16, 1024))
+def test_rabenseifner_power_of_two_closed_form(p):
+    """2·log2 p messages and 2(p−1)/p · n elements per rank (Thakur et al. 2005, §4)."""
+    n, es, lg = 8192, 4, p.bit_length() - 1
+    for r in {0, min(1, p - 1), p // 2, p - 1}:
+        assert expected_messages("rabenseifner", p, r) == 2 * lg
+        assert expected_bytes("rabenseifner", p, n, es, r) == 2 * (p - 1) * n // p * es
+        assert expected_bytes("rabenseifner", p, n, es, r, direction="recv") == (
+            2 * (p - 1) * n // p * es
+        )
+
+
+def test_rabenseifner_halving_then_doubling_windows():
+    w = lk.collectives.halving_doubling_windows(5, 8)  # rank 5 = 0b101 of 8
+    assert [(ph, peer) for ph, peer, _, _ in w] == [
+        ("reduce-scatter", 1), ("reduce-scatter", 7), ("reduce-scatter", 4),
+        ("all-gather", 4), ("all-gather", 7), ("all-gather", 1),
+    ]  # fmt: skip
+    assert [sent for _, _, sent, _ in w] == [(0, 4), (6, 8), (4, 5), (5, 6), (4, 6), (4, 8)]
+    assert [got for _, _, _, got in w] == [(4, 8), (4, 6), (5, 6), (4, 5), (6, 8), (0, 4)]
+    for bad in ((0, 3), (0, 6), (4, 4), (-1, 4)):
+        with pytest.raises(ValueError, match="power-of-two"):
+            lk.collectives.halving_doubling_windows(bad[0], bad[1])
+
+
+def test_rabenseifner_non_power_of_two_known_values():
+    # p=5: rank 0 folds into 1 (n in, n back); the p'=4 others halve and double.
+    assert [expected_messages("rabenseifner", 5, r) for r in range(5)] == [1, 5, 4, 4, 4]
+    assert [expected_messages("rabenseifner", 6, r) for r in range(6)] == [1, 5, 1, 5, 4, 4]
+    n = 1000  # p' = 4 divides n: 2·3/4·n each, plus n for the unfold on the partners
+    assert [expected_bytes("rabenseifner", 5, n, 1, r) for r in range(5)] == [
+        1000, 2500, 1500, 1500, 1500
+    ]  # fmt: skip
+    assert expected_bytes("rabenseifner", 3, 10, 1, 1, direction="recv") == 10 + 10
 
 
 def test_recursive_doubling_non_power_of_two_known_values():

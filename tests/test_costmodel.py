@@ -14,14 +14,17 @@ from labkit.costmodel import (
     COLLECTIVES,
     DEFAULT_ALGORITHM,
     PRESETS,
+    SEGMENTED,
     Network,
     algbw,
     best_algorithm,
+    best_segments,
     busbw,
     busbw_factor,
     cost_terms,
     crossover_bytes,
     fit,
+    pipelined_tree_terms,
     predict,
     predict_all,
     what_if,
@@ -32,6 +35,7 @@ NET = Network(latency_us=10.0, bandwidth_gbps=1.0, gamma_s_per_byte=0.25e-9, nam
 A, B, G = 10e-6, 1e-9, 0.25e-9
 N = 1 << 20
 CASES = [(c, a) for c in COLLECTIVES for a in ALGORITHMS[c]]
+LINEAR = [case for case in CASES if case not in SEGMENTED]  # cost_terms(c, p, a) alone
 
 
 def close(x: float, y: float) -> bool:
@@ -106,7 +110,7 @@ def test_known_values_for_small_p(collective, algorithm, p, expected) -> None:
     assert close(predict(collective, N, p, NET, algorithm), expected)
 
 
-@pytest.mark.parametrize(("collective", "algorithm"), CASES)
+@pytest.mark.parametrize(("collective", "algorithm"), LINEAR)
 def test_one_rank_costs_nothing_and_zero_bytes_cost_latency(collective, algorithm) -> None:
     if collective != "p2p":
         assert predict(collective, N, 1, NET, algorithm) == 0.0
@@ -289,3 +293,63 @@ def test_costmodel_imports_no_torch() -> None:
     code = "import sys, labkit.costmodel; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- the pipelined (double binary) tree: Sanders, Speck and Träff 2009 ------------------------
+
+
+@pytest.mark.parametrize(("p", "k"), [(2, 1), (4, 1), (4, 2), (5, 4), (8, 3), (1024, 10)])
+def test_pipelined_tree_closed_form(p, k) -> None:
+    lg = math.ceil(math.log2(p))
+    terms = pipelined_tree_terms(p, k)
+    # (4⌈lg p⌉ + 4k)α + 2(1 + ⌈lg p⌉/k)nβ + (1 + ⌈lg p⌉/k)nγ
+    want = (4 * lg + 4 * k) * A + 2 * (1 + lg / k) * N * B + (1 + lg / k) * N * G
+    assert close(terms.time_s(N, A, B, G), want)
+    assert close(cost_terms("all_reduce", p, "pipelined_tree", segments=k).time_s(N, A, B, G), want)
+    assert pipelined_tree_terms(1, k).time_s(N, A, B, G) == 0.0
+
+
+def test_pipelined_tree_known_value_p4() -> None:
+    # p = 4, n = 1 MiB on NET: k* = sqrt(2·2^20·2.25e-9 / 40e-6) = 10.86; k = 11 costs less than 10
+    assert best_segments(N, 4, A, B, G) == 11
+    want = (8 + 44) * A + 2 * (1 + 2 / 11) * N * B + (1 + 2 / 11) * N * G
+    assert close(predict("all_reduce", N, 4, NET, "pipelined_tree"), want)
+
+
+@pytest.mark.parametrize("p", (2, 3, 8, 100, 8192))
+@pytest.mark.parametrize("n", (1, 1000, 1 << 20, 1 << 30))
+def test_best_segments_is_the_integer_minimum(p, n) -> None:
+    k = best_segments(n, p, A, B, G)
+    cost = {j: pipelined_tree_terms(p, j).time_s(n, A, B, G) for j in range(1, 4 * k + 10)}
+    assert cost[k] == min(cost.values())
+    lg = math.ceil(math.log2(p))
+    assert abs(k - math.sqrt(lg * n * (2 * B + G) / (4 * A))) <= 1 or k == 1
+
+
+def test_pipelined_tree_bandwidth_term_tends_to_the_rings() -> None:
+    ib = Network.preset("100Gb-IB")
+    n = 1e12  # the fill of the pipeline is negligible: 2nβ remains
+    assert 1.0 < predict("all_reduce", n, 1024, ib, "pipelined_tree") / (2 * n * ib.beta) < 1.01
+    # 1 GB at scale: unlike the unpipelined binomial tree, as fast as the ring (or faster).
+    for p in (64, 1024, 8192):
+        pipe = predict("all_reduce", 1e9, p, ib, "pipelined_tree")
+        ring = predict("all_reduce", 1e9, p, ib, "ring")
+        assert 0.9 < pipe / ring < 1.1
+        assert predict("all_reduce", 1e9, p, ib, "tree") > 5 * pipe
+    # 1 byte: latency grows like lg p, the ring's like p.
+    small = {p: predict("all_reduce", 1, p, ib, "pipelined_tree") for p in (8, 8192)}
+    assert close(small[8192], (4 * 13 + 4) * ib.alpha + 2 * 14 * ib.beta)
+    assert predict("all_reduce", 1, 8192, ib, "ring") > 100 * small[8192]
+
+
+def test_pipelined_tree_refuses_what_does_not_apply() -> None:
+    with pytest.raises(ValueError, match="segments"):
+        cost_terms("all_reduce", 4, "pipelined_tree")
+    with pytest.raises(ValueError, match="does not pipeline"):
+        cost_terms("all_reduce", 4, "ring", segments=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="segments"):
+            pipelined_tree_terms(4, bad)
+    with pytest.raises(ValueError, match="not linear"):
+        crossover_bytes("all_reduce", 8, NET, "pipelined_tree", "ring")
+    assert best_segments(0, 8, A, B) == 1 and best_segments(100, 8, 0.0, B) == 100

@@ -62,6 +62,18 @@ def _one_step_only(tensor, group=None):
         p2p.exchange(chunks[r], (r + 1) % p, chunks[(r - 1) % p], (r - 1) % p)
 
 
+def _whole_buffer_every_step(tensor, group=None):
+    """Right result, destinations and counts, but every step forwards the whole buffer."""
+    p2p = lk.collectives.P2P(group)
+    p, r = p2p.world_size, p2p.rank
+    bounds = lk.collectives.chunk_bounds(tensor.numel(), p)
+    incoming = torch.empty_like(tensor)
+    for s in range(p - 1):
+        p2p.exchange(tensor, (r + 1) % p, incoming, (r - 1) % p)
+        a, b = bounds[(r - s - 1) % p]
+        tensor[a:b] = incoming[a:b]  # keep only the chunk that is new here
+
+
 def _uses_all_gather(tensor, group=None):
     p = dist.get_world_size(group)
     parts = [torch.empty_like(tensor) for _ in range(p)]
@@ -90,9 +102,11 @@ def _star_through_rank_0(tensor, group=None):
         (_stale_forwarding, r"chunk \d .* should be rank \d's chunk but is still the placeholder"),
         (_one_step_only, "never received|should be rank"),
         (_uses_all_gather, "dist.all_gather does the work this exercise builds"),
-        (_star_through_rank_0, r"sent \d message\(s\) to rank\(s\)"),
+        # On 2 ranks a star is a one-step ring that sends the whole buffer.
+        (_star_through_rank_0, r"sent \d message\(s\) to rank\(s\)|whole buffer"),
+        (_whole_buffer_every_step, r"send in step 0 carried 2 element\(s\).*the whole buffer"),
     ],
-    ids=["stale-forwarding", "one-step", "all_gather", "star"],
+    ids=["stale-forwarding", "one-step", "all_gather", "star", "whole-buffer"],
 )
 def test_wrong_answers_fail_with_a_reason(wrong, match) -> None:
     with pytest.raises(ExerciseFailed, match=match):
@@ -101,7 +115,7 @@ def test_wrong_answers_fail_with_a_reason(wrong, match) -> None:
 
 def test_send_counting_sees_each_send_once() -> None:
     def fn(rank, world_size):
-        log: list[int] = []
+        log: list[tuple[int, int]] = []
         with nb03._watch_sends(log):
             peer = 1 - rank
             buf = torch.empty(3)
@@ -118,4 +132,4 @@ def test_send_counting_sees_each_send_once() -> None:
         return log, dist.send is nb03.c10d.send
 
     out = lk.launch(fn, world_size=2, backend="gloo", device="cpu", timeout=60)
-    assert out == [([1, 1], True), ([0], True)]
+    assert out == [([(1, 3), (1, 3)], True), ([(0, 3)], True)]

@@ -72,7 +72,7 @@ def test_what_if_scaling_and_crossover() -> None:
     assert list(ring.get_ydata()) == pytest.approx(
         [predict("all_reduce", 1 << 20, p, NET, "ring") for p in ranks]
     )
-    assert ring.get_label() == "ring" and tree.get_label() == "tree"
+    assert ring.get_label() == "ring" and tree.get_label() == "binomial tree (unpipelined)"
     fig = lk.viz.algorithm_crossover("all_reduce", 8, NET, "recursive_doubling", "ring")
     n_star = crossover_bytes("all_reduce", 8, NET, "recursive_doubling", "ring")
     marker = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("n* =")]

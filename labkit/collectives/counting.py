@@ -173,12 +173,44 @@ class P2P:
         self._record("recv", src, tensor)
         return dist.irecv(tensor, group=self.group, group_src=src)
 
+    def start(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+    ) -> list[dist.Work]:
+        """Start one step's sends and receives as one ``dist.batch_isend_irecv`` call.
+
+        gloo (and labkit's backends) start the operations one after another; NCCL coalesces
+        them into one group call. That matters on NCCL, which creates the two-rank
+        communicator of a peer pair lazily, blocking until the peer joins: issued as separate
+        operations, ``irecv(left)`` then ``isend(right)`` on p ≥ 3 ranks would leave every rank
+        waiting on a different pair, a cycle (``batch_isend_irecv``'s documentation in
+        ``torch/distributed/distributed_c10d.py``; NCCL's ``ncclGroupStart``/``End``).
+
+        Args:
+            sends: ``(tensor, dst)`` pairs, ``dst`` a group rank.
+            recvs: ``(tensor, src)`` pairs, ``src`` a group rank.
+
+        Returns:
+            The ``Work`` objects, in the order sends then receives; ``wait()`` on each.
+
+        Raises:
+            RuntimeError: from ``torch.distributed`` (e.g. a peer outside the group).
+        """
+        for tensor, dst in sends:
+            self._record("send", dst, tensor)
+        for tensor, src in recvs:
+            self._record("recv", src, tensor)
+        ops = [dist.P2POp(dist.isend, t, group=self.group, group_peer=d) for t, d in sends]
+        ops += [dist.P2POp(dist.irecv, t, group=self.group, group_peer=s) for t, s in recvs]
+        return dist.batch_isend_irecv(ops) if ops else []
+
     def exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         """Send ``send`` to ``dst`` while receiving ``recv`` from ``src``, then wait for both.
 
-        Both directions are in flight at once (irecv and isend), so a ring or a pair of ranks
-        that all call ``exchange`` together cannot deadlock the way two blocking sends can.
+        Both directions are in flight at once, issued as one batch (``start``), so a ring or
+        a pair of ranks that all call ``exchange`` together cannot deadlock the way two
+        blocking sends can, on gloo or on NCCL.
         """
-        works = [self.irecv(recv, src), self.isend(send, dst)]
-        for work in works:
+        for work in self.start([(send, dst)], [(recv, src)]):
             work.wait()

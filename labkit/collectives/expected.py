@@ -16,6 +16,10 @@ for a tensor of ``numel`` elements on ``p = world_size`` ranks:
 - recursive doubling: log2 p exchanges of n elements per rank when p is a power of two;
   otherwise the p − p' extra ranks (p' the largest power of two ≤ p) first fold into a
   partner and get the result back at the end (MPICH's scheme, same paper, §4).
+- Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling
+  (same paper, §4): 2·log2 p messages per rank for power-of-two p, carrying every chunk but
+  the rank's own out (halving) and its growing block of finished chunks (doubling), so
+  2(p−1)/p · n elements when p divides n; other p fold first, as recursive doubling does.
 
 The tensor is split into chunks like ``torch.tensor_split``: the first ``numel % p`` chunks
 hold one element more, and chunks may be empty (``numel < p``); empty messages still count.
@@ -28,10 +32,12 @@ __all__ = [
     "chunk_sizes",
     "expected_bytes",
     "expected_messages",
+    "halving_doubling_windows",
+    "largest_power_of_two",
     "tree_children",
 ]
 
-_ALGORITHMS = ("naive", "tree", "ring", "recursive_doubling")
+_ALGORITHMS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner")
 
 
 def chunk_sizes(numel: int, world_size: int) -> list[int]:
@@ -106,8 +112,61 @@ def tree_children(rank: int, world_size: int) -> list[int]:
     return out
 
 
-def _largest_power_of_two(n: int) -> int:
+def largest_power_of_two(n: int) -> int:
+    """p' = 2^⌊log2 n⌋, the largest power of two ≤ ``n``.
+
+    Introduced in notebooks/03_allreduce_algorithms.ipynb.
+
+    Args:
+        n: a positive int.
+
+    Returns:
+        The power of two.
+
+    Raises:
+        ValueError: ``n < 1``.
+    """
+    if n < 1:
+        raise ValueError(f"need n >= 1, got {n}")
     return 1 << (n.bit_length() - 1)
+
+
+def halving_doubling_windows(
+    new_rank: int, world_size: int
+) -> list[tuple[str, int, tuple[int, int], tuple[int, int]]]:
+    """The chunks each step of Rabenseifner's algorithm sends and receives, on p = 2^k ranks.
+
+    Introduced in notebooks/03_allreduce_algorithms.ipynb.
+
+    Args:
+        new_rank: the rank among the ``world_size`` ranks taking part.
+        world_size: a power of two.
+
+    Returns:
+        One ``(phase, partner, sent, received)`` per step, ``sent`` and ``received`` as
+        ``(first, stop)`` ranges of chunk indices: log2 p reduce-scatter steps (halving),
+        then log2 p all-gather steps (doubling).
+
+    Raises:
+        ValueError: ``world_size`` is not a power of two, or ``new_rank`` out of range.
+    """
+    p, q = world_size, new_rank
+    if p < 1 or p & (p - 1) or not 0 <= q < p:
+        raise ValueError(f"need a power-of-two world size and a rank in it, got {q} of {p}")
+    steps = []
+    lo, hi, d = 0, p, p // 2
+    while d >= 1:  # halving: the window of chunks still being reduced halves every step
+        mid = lo + d
+        keep, give = ((mid, hi), (lo, mid)) if q & d else ((lo, mid), (mid, hi))
+        steps.append(("reduce-scatter", q ^ d, give, keep))
+        lo, hi, d = keep[0], keep[1], d // 2
+    d = 1
+    while d < p:  # doubling: swap the aligned block of d finished chunks with the partner's
+        mine = (q // d) * d
+        theirs = mine ^ d
+        steps.append(("all-gather", q ^ d, (mine, mine + d), (theirs, theirs + d)))
+        d *= 2
+    return steps
 
 
 def _per_rank(algorithm: str, world_size: int, numel: int, rank: int) -> tuple[list, list]:
@@ -135,14 +194,32 @@ def _per_rank(algorithm: str, world_size: int, numel: int, rank: int) -> tuple[l
         ]
         return sent, received
     if algorithm == "recursive_doubling":
-        p2 = _largest_power_of_two(p)
+        p2 = largest_power_of_two(p)
         steps = p2.bit_length() - 1  # log2 p'
         rem = p - p2
         if rank < 2 * rem and rank % 2 == 0:  # folds into rank+1, gets the result back
             return [n], [n]
         extra = 1 if rank < 2 * rem else 0  # the partner of a folded rank
         return [n] * (steps + extra), [n] * (steps + extra)
+    if algorithm == "rabenseifner":
+        return _rabenseifner(p, n, rank)
     raise AssertionError(algorithm)  # unreachable: checked above
+
+
+def _rabenseifner(p: int, n: int, rank: int) -> tuple[list, list]:
+    p2 = largest_power_of_two(p)
+    rem = p - p2
+    if rank < 2 * rem and rank % 2 == 0:  # folds into rank+1, gets the result back
+        return [n], [n]
+    new_rank = rank // 2 if rank < 2 * rem else rank - rem
+    c = chunk_sizes(n, p2)
+    sent, received = [], []
+    for _, _, out, into in halving_doubling_windows(new_rank, p2):
+        sent.append(sum(c[out[0] : out[1]]))
+        received.append(sum(c[into[0] : into[1]]))
+    if rank < 2 * rem:  # the partner of a folded rank: its tensor in, the result back out
+        return sent + [n], [n] + received
+    return sent, received
 
 
 def _check(world_size: int, rank: int | None, direction: str) -> None:
@@ -159,13 +236,15 @@ def expected_messages(
 ) -> int:
     """Messages that ``rank`` sends (or receives) in one all-reduce by ``algorithm``.
 
-    ring: 2(p−1) per rank; recursive doubling: log2 p per rank for power-of-two p (Thakur,
-    Rabenseifner and Gropp 2005, §4); naive and tree as described in this module's docstring.
+    ring: 2(p−1) per rank; recursive doubling: log2 p per rank for power-of-two p;
+    Rabenseifner: 2·log2 p per rank for power-of-two p (Thakur, Rabenseifner and Gropp 2005,
+    §4); naive, tree and the fold for other p as described in this module's docstring.
 
     Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
-        algorithm: ``"naive"``, ``"tree"``, ``"ring"`` or ``"recursive_doubling"``.
+        algorithm: ``"naive"``, ``"tree"``, ``"ring"``, ``"recursive_doubling"`` or
+            ``"rabenseifner"``.
         world_size: number of ranks p.
         rank: the group rank; ``None`` for the total over all ranks (sent = received then).
         direction: ``"send"`` or ``"recv"``.
@@ -195,12 +274,14 @@ def expected_bytes(
 
     ring: rank r sends every chunk but its own in the reduce-scatter and every chunk but
     chunk r+1 in the all-gather, (2n − c_r − c_{r+1}) elements ≈ 2(p−1)/p · n; recursive
-    doubling: log2 p · n for power-of-two p (Thakur, Rabenseifner and Gropp 2005, §4).
+    doubling: log2 p · n for power-of-two p; Rabenseifner: (n − c_r) in the halving plus the
+    doubling's blocks, 2(p−1)/p · n when p divides n (Thakur, Rabenseifner and Gropp 2005, §4).
 
     Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
-        algorithm: ``"naive"``, ``"tree"``, ``"ring"`` or ``"recursive_doubling"``.
+        algorithm: ``"naive"``, ``"tree"``, ``"ring"``, ``"recursive_doubling"`` or
+            ``"rabenseifner"``.
         world_size: number of ranks p.
         numel: elements in the tensor being all-reduced.
         element_size: bytes per element (``tensor.element_size()``).

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 from labkit.collectives.counting import P2P
+from labkit.collectives.expected import largest_power_of_two
+from labkit.collectives.fold import fold_in, group_rank, unfold
 from labkit.collectives.ops import combine_, finish_, flat_view, prepare
 
 __all__ = ["allreduce_recursive_doubling"]
@@ -30,28 +32,19 @@ ReduceOp = dist.ReduceOp
 
 def _exchange_and_combine(p2p: P2P, flat: torch.Tensor, op: str) -> None:
     """The whole algorithm on a contiguous buffer (no AVG division)."""
-    p, r = p2p.world_size, p2p.rank
-    p2 = 1 << (p.bit_length() - 1)  # largest power of two <= p
-    rem = p - p2
+    p = p2p.world_size
+    p2 = largest_power_of_two(p)
     buf = torch.empty_like(flat)
-    if r < 2 * rem and r % 2 == 0:  # an extra rank: fold into r+1, get the result back
-        p2p.at("fold", 0).send(flat, r + 1)
-        p2p.at("unfold", 0).recv(flat, r + 1)
-        return
-    if r < 2 * rem:
-        p2p.at("fold", 0).recv(buf, r - 1)
-        combine_(flat, buf, op, other_first=True)  # the lower rank's values first
-    new_rank = r // 2 if r < 2 * rem else r - rem  # rank among the p2 that take part
+    new_rank = fold_in(p2p, flat, buf, op)
     mask, step = 1, 0
-    while mask < p2:
+    while new_rank is not None and mask < p2:
         new_partner = new_rank ^ mask
-        partner = 2 * new_partner + 1 if new_partner < rem else new_partner + rem
+        partner = group_rank(new_partner, p)
         p2p.at("exchange", step).exchange(flat, partner, buf, partner)
         # Both partners compute op(lower, higher): bit-identical results on both sides.
         combine_(flat, buf, op, other_first=new_partner < new_rank)
         mask, step = mask << 1, step + 1
-    if r < 2 * rem:
-        p2p.at("unfold", 0).send(flat, r - 1)
+    unfold(p2p, flat)
 
 
 @torch.no_grad()

@@ -152,6 +152,12 @@ class ThreadP2P(P2P):
         link = self._ring.links[(src, self.rank)]
         return _Done(lambda: tensor.copy_(link.get(timeout=_TIMEOUT_S)))
 
+    def start(
+        self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]
+    ) -> list[_Done]:
+        """One step's sends and receives, as ``P2P.start`` (queues need no batching)."""
+        return [self.isend(t, d) for t, d in sends] + [self.irecv(t, s) for t, s in recvs]
+
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         """Blocking send (a queue never blocks)."""
         self.isend(tensor, dst).wait()

@@ -64,8 +64,9 @@ def allreduce_naive(
                 p2p.at("gather", 0).recv(buf, src)
                 combine_(flat, buf, name)
             finish_(flat, name, p2p.world_size)
-            works = [p2p.at("scatter back", 1).isend(flat, d) for d in range(1, p2p.world_size)]
-            for work in works:
+            # One batch for the p−1 sends (NCCL coalesces it; see ``P2P.start``).
+            sends = [(flat, d) for d in range(1, p2p.world_size)]
+            for work in p2p.at("scatter back", 1).start(sends, []):
                 work.wait()
         else:
             p2p.at("gather", 0).send(flat, 0)

@@ -12,10 +12,11 @@ MPICH", IJHPCA 19(1), 2005. nccl-tests' algbw/busbw turn measured times into ban
     lk.costmodel.crossover_bytes("all_reduce", 8, net, "recursive_doubling", "ring")
     lk.costmodel.busbw_factor("all_reduce", 8)           # 2(p−1)/p = 1.75
 
-Modules: ``network`` (``Network``, presets, ``fit``), ``formulas`` (``cost_terms`` per
-collective and algorithm), ``bandwidth`` (busbw factors), ``predict`` (predictions, crossover,
-what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's sizes). Nothing here imports
-torch.
+Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``), ``formulas``
+(``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
+whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
+(predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
+sizes). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from labkit.costmodel.formulas import (
     ALGORITHMS,
     COLLECTIVES,
     DEFAULT_ALGORITHM,
+    LABELS,
+    SEGMENTED,
     CostTerms,
     cost_terms,
 )
 from labkit.costmodel.network import PRESETS, Network, fit
+from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
 from labkit.costmodel.predict import (
     best_algorithm,
     crossover_bytes,
@@ -42,17 +46,21 @@ __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
     "DEFAULT_ALGORITHM",
+    "LABELS",
     "PRESETS",
+    "SEGMENTED",
     "CostTerms",
     "Network",
     "algbw",
     "best_algorithm",
+    "best_segments",
     "bucketed_backward_s",
     "busbw",
     "busbw_factor",
     "cost_terms",
     "crossover_bytes",
     "fit",
+    "pipelined_tree_terms",
     "powersgd_numel",
     "predict",
     "predict_all",

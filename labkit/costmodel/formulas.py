@@ -23,35 +23,19 @@ extra step of n bytes) and unfold at the end, as MPICH does (TRG §3.3, §4).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from labkit.costmodel.pipelined import pipelined_tree_terms
+from labkit.costmodel.terms import CostTerms
 
 __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
     "DEFAULT_ALGORITHM",
+    "LABELS",
+    "SEGMENTED",
     "CostTerms",
     "cost_terms",
 ]
-
-
-@dataclass(frozen=True)
-class CostTerms:
-    """``t(n) = steps·α + bytes·n·β + reduce·n·γ``: the coefficients of one algorithm on p ranks.
-
-    ``steps`` is the number of messages on the critical path (sequential α's), ``bytes`` the
-    bytes on the critical path per byte of n, ``reduce`` the bytes reduced per byte of n.
-    ``formula`` writes the cost out symbolically and ``source`` cites where it comes from.
-    """
-
-    steps: float
-    bytes: float
-    reduce: float
-    formula: str
-    source: str
-
-    def time_s(self, n_bytes: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
-        """The cost in seconds of ``n_bytes`` with the given α, β, γ."""
-        return self.steps * alpha + n_bytes * (self.bytes * beta + self.reduce * gamma)
 
 
 def _lg_ceil(p: int) -> int:
@@ -76,9 +60,12 @@ def _ar_ring(p: int) -> CostTerms:
 
 
 def _ar_tree(p: int) -> CostTerms:
-    # Binomial-tree reduce to rank 0, then binomial-tree broadcast (TRG §3.2, §4).
+    # Binomial-tree reduce to rank 0, then binomial-tree broadcast, whole tensor per message:
+    # no pipelining (TRG §3.2, §4). ``pipelined_tree`` is the pipelined one.
     k = _lg_ceil(p)
-    return CostTerms(2 * k, 2 * k, k, "2⌈lg p⌉(α + nβ) + ⌈lg p⌉·nγ", "TRG §3.2 + §4 (binomial)")
+    return CostTerms(
+        2 * k, 2 * k, k, "2⌈lg p⌉(α + nβ) + ⌈lg p⌉·nγ", "TRG §3.2 + §4 (binomial, unpipelined)"
+    )
 
 
 def _ar_naive(p: int) -> CostTerms:
@@ -231,6 +218,7 @@ ALGORITHMS: dict[str, dict[str, Callable[[int], CostTerms]]] = {
         "recursive_doubling": _ar_recursive_doubling,
         "rabenseifner": _ar_rabenseifner,
         "naive": _ar_naive,
+        "pipelined_tree": pipelined_tree_terms,  # needs segments: see SEGMENTED
     },
     "all_gather": {"ring": _ag_ring, "recursive_doubling": _ag_recursive_doubling},
     "reduce_scatter": {
@@ -247,6 +235,18 @@ ALGORITHMS: dict[str, dict[str, Callable[[int], CostTerms]]] = {
 }
 COLLECTIVES: tuple[str, ...] = tuple(ALGORITHMS)
 
+# Algorithms whose cost also depends on how many segments the data is cut into; their table
+# entry takes ``(p, segments)`` and ``predict`` picks the best segment count for each n.
+SEGMENTED: frozenset[tuple[str, str]] = frozenset({("all_reduce", "pipelined_tree")})
+
+# What to call each algorithm in tables and legends where the short key could mislead.
+LABELS: dict[str, str] = {
+    "tree": "binomial tree (unpipelined)",
+    "pipelined_tree": "double binary tree (pipelined)",
+    "recursive_doubling": "recursive doubling",
+    "rabenseifner": "Rabenseifner (halving + doubling)",
+}
+
 # What ``predict`` uses when no algorithm is named: the bandwidth-optimal one for the
 # collectives that have it (ring), the binomial tree for rooted ones.
 DEFAULT_ALGORITHM: dict[str, str] = {
@@ -262,7 +262,13 @@ DEFAULT_ALGORITHM: dict[str, str] = {
 }
 
 
-def cost_terms(collective: str, world_size: int, algorithm: str | None = None) -> CostTerms:
+def cost_terms(
+    collective: str,
+    world_size: int,
+    algorithm: str | None = None,
+    *,
+    segments: int | None = None,
+) -> CostTerms:
     """The α, n·β and n·γ coefficients of ``collective`` by ``algorithm`` on ``world_size`` ranks.
 
     Thakur, Rabenseifner and Gropp 2005 (section per algorithm in ``CostTerms.source``).
@@ -273,12 +279,15 @@ def cost_terms(collective: str, world_size: int, algorithm: str | None = None) -
         collective: a key of ``ALGORITHMS`` (``"all_reduce"``, ``"all_gather"``, ...).
         world_size: number of ranks p (≥ 1; ``p2p`` ignores it).
         algorithm: a key of ``ALGORITHMS[collective]``; None: ``DEFAULT_ALGORITHM``.
+        segments: for the algorithms in ``SEGMENTED`` (the pipelined tree), how many
+            segments the data is cut into; must be None for every other algorithm.
 
     Returns:
         The ``CostTerms``; all zero for p = 1 (nothing to communicate), except ``p2p``.
 
     Raises:
-        ValueError: an unknown collective or algorithm, or ``world_size < 1``.
+        ValueError: an unknown collective or algorithm, ``world_size < 1``, or ``segments``
+            missing for a segmented algorithm (or given for another one).
     """
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
@@ -290,4 +299,13 @@ def cost_terms(collective: str, world_size: int, algorithm: str | None = None) -
         raise ValueError(
             f"unknown algorithm {algorithm!r} for {collective}; known: {', '.join(table)}"
         )
+    if (collective, algorithm) in SEGMENTED:
+        if segments is None:
+            raise ValueError(
+                f"the cost of {algorithm} depends on how many segments the data is cut into: "
+                "pass segments=k, or call predict(), which picks the best k for the size"
+            )
+        return table[algorithm](world_size, segments)
+    if segments is not None:
+        raise ValueError(f"{algorithm} does not pipeline segments; leave segments=None")
     return table[algorithm](world_size)

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from labkit.costmodel.bandwidth import busbw, busbw_factor
-from labkit.costmodel.formulas import ALGORITHMS, cost_terms
+from labkit.costmodel.formulas import ALGORITHMS, DEFAULT_ALGORITHM, SEGMENTED, cost_terms
 from labkit.costmodel.network import Network
+from labkit.costmodel.pipelined import best_segments
 
 __all__ = ["best_algorithm", "crossover_bytes", "predict", "predict_all", "what_if"]
 
@@ -51,7 +52,8 @@ def predict(
         world_size: number of ranks p.
         network: the ``Network`` (α, β, γ).
         algorithm: e.g. ``"ring"``, ``"tree"``, ``"recursive_doubling"``; None: the
-            collective's default (``DEFAULT_ALGORITHM``).
+            collective's default (``DEFAULT_ALGORITHM``). For ``"pipelined_tree"`` the
+            segment count is the best one for this size (``best_segments``).
 
     Returns:
         The time in seconds (0 on one rank, where nothing moves).
@@ -60,7 +62,10 @@ def predict(
         ValueError: unknown collective or algorithm, ``world_size < 1``, ``n_bytes < 0``.
     """
     n = _check_bytes(n_bytes)
-    terms = cost_terms(collective, world_size, algorithm)
+    segments = None
+    if (collective, algorithm or DEFAULT_ALGORITHM.get(collective)) in SEGMENTED:
+        segments = best_segments(n, world_size, network.alpha, network.beta, network.gamma)
+    terms = cost_terms(collective, world_size, algorithm, segments=segments)
     return terms.time_s(n, network.alpha, network.beta, network.gamma)
 
 
@@ -145,8 +150,15 @@ def crossover_bytes(
         algorithm is never slower, or they always cost the same).
 
     Raises:
-        ValueError: as ``predict``.
+        ValueError: as ``predict``, or a segmented algorithm (the pipelined tree), whose cost
+            is not linear in n.
     """
+    for algorithm in (algorithm_a, algorithm_b):
+        if (collective, algorithm) in SEGMENTED:
+            raise ValueError(
+                f"{algorithm}'s cost is not linear in n (its best segment count grows with "
+                "n), so there is no closed-form crossover; compare predict() over sizes"
+            )
     a = cost_terms(collective, world_size, algorithm_a)
     b = cost_terms(collective, world_size, algorithm_b)
     num = (b.steps - a.steps) * network.alpha

@@ -8,8 +8,10 @@ chunk r of the tensor (chunks as ``lk.collectives.chunk_bounds`` cuts them); in 
 steps every rank sends one chunk to its right neighbour and receives one from its left, so
 on exit every rank holds every chunk. The checker runs the learner's function on 2, 3 and 4
 ranks through ``lk.launch``, on sizes smaller than p and not divisible by p, compares every
-rank's tensor with the concatenation of the owners' chunks, and counts the sends: exactly
-p−1 per rank, all to rank (r+1) mod p.
+rank's tensor with the concatenation of the owners' chunks, and records the sends: exactly
+p−1 per rank, all to rank (r+1) mod p, the one in step s carrying chunk (r−s) mod p's
+elements and no more (forwarding the whole buffer gives the right result but sends p times
+the ring's bytes).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from labkit.collectives import P2P, chunk_bounds
+from labkit.collectives import P2P, chunk_bounds, chunk_sizes
 from labkit.exercises import ExerciseFailed, exercise
 from labkit.exercises._failures import first_cause
 from labkit.launcher import LaunchTimeout, RankError, launch
@@ -76,8 +78,8 @@ def _owned(rank: int, numel: int, world_size: int) -> torch.Tensor:
 
 
 @contextmanager
-def _watch_sends(log: list[int]) -> Iterator[None]:
-    """Record the destination of every send; refuse the collectives the exercise builds."""
+def _watch_sends(log: list[tuple[int, int]]) -> Iterator[None]:
+    """Record ``(destination, elements)`` of every send; refuse the collectives built here."""
     saved: list[tuple[Any, str, Any]] = []
 
     def counted(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,7 +88,8 @@ def _watch_sends(log: list[int]) -> Iterator[None]:
         def call(*args: Any, **kwargs: Any) -> Any:
             bound = sig.bind(*args, **kwargs).arguments
             dst = bound.get("group_dst")
-            log.append(bound.get("dst") if dst is None else dst)  # default group: same
+            dst = bound.get("dst") if dst is None else dst  # default group: the same
+            log.append((dst, bound["tensor"].numel()))
             return original(*args, **kwargs)
 
         return call
@@ -120,7 +123,7 @@ def _run(rank: int, world_size: int, fn: Callable[..., Any]) -> list[dict[str, A
     out = []
     for numel in SIZES:
         t = _owned(rank, numel, world_size)
-        sends: list[int] = []
+        sends: list[tuple[int, int]] = []
         with _watch_sends(sends):
             fn(t)
         out.append({"numel": numel, "got": t, "sends": sends})
@@ -161,14 +164,30 @@ def _compare(world_size: int, results: list[list[dict[str, Any]]]) -> None:
                         f"{_whose(got[a:b], numel, world_size)}. In step s rank r receives "
                         "chunk (r − s − 1) mod p from its left neighbour."
                     )
-            right = (rank + 1) % world_size
-            sends = row["sends"]
-            if len(sends) != world_size - 1 or any(d != right for d in sends):
-                raise ExerciseFailed(
-                    f"on {world_size} ranks, rank {rank} sent {len(sends)} message(s) to "
-                    f"rank(s) {sends}; a ring all-gather sends p − 1 = {world_size - 1}, each "
-                    f"to its right neighbour (rank {right})"
-                )
+            _check_sends(world_size, rank, numel, row["sends"])
+
+
+def _check_sends(world_size: int, rank: int, numel: int, sends: list[tuple[int, int]]) -> None:
+    """p − 1 sends to the right neighbour, step s carrying exactly chunk (r − s) mod p."""
+    p, right = world_size, (rank + 1) % world_size
+    peers = [d for d, _ in sends]
+    if len(sends) != p - 1 or any(d != right for d in peers):
+        raise ExerciseFailed(
+            f"on {p} ranks, rank {rank} sent {len(sends)} message(s) to rank(s) {peers}; a "
+            f"ring all-gather sends p − 1 = {p - 1}, each to its right neighbour (rank {right})"
+        )
+    sizes = chunk_sizes(numel, p)
+    for step, (_, got) in enumerate(sends):
+        want = sizes[(rank - step) % p]
+        if got != want:
+            raise ExerciseFailed(
+                f"on {p} ranks with {numel} elements, rank {rank}'s send in step {step} carried "
+                f"{got} element(s); a ring step sends one chunk, chunk (r − s) mod p = "
+                f"{(rank - step) % p} of {want} element(s). The result may be right, but "
+                f"sending {'the whole buffer' if got == numel else 'more than that chunk'} "
+                "multiplies the traffic the ring exists to save: send the chunk's view, "
+                "e.g. tensor[a:b] with (a, b) from chunk_bounds."
+            )
 
 
 @exercise("03_ring_all_gather", reference=ring_all_gather, prompt=PROMPT)

@@ -23,7 +23,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from labkit.costmodel import ALGORITHMS, Network, crossover_bytes, predict
+from labkit.costmodel import ALGORITHMS, LABELS, Network, crossover_bytes, predict
 
 __all__ = ["algbw_busbw", "algorithm_crossover", "predicted_vs_measured", "what_if_scaling"]
 
@@ -172,7 +172,9 @@ def what_if_scaling(
     ax = fig.subplots()
     for i, a in enumerate(names):
         times = [predict(collective, n_bytes, p, network, a) for p in world_sizes]
-        ax.plot(world_sizes, times, "o-", ms=3, color=_COLORS[i % len(_COLORS)], label=a)
+        ax.plot(
+            world_sizes, times, "o-", ms=3, color=_COLORS[i % len(_COLORS)], label=LABELS.get(a, a)
+        )
     _log_axes(ax, "ranks p", "predicted time (s)")
     ax.legend(fontsize=8)
     ax.set_title(title or f"{collective} of {n_bytes:.3g} bytes on {network.label()}")
