@@ -14,7 +14,11 @@ NAME = "06_average_gradients"
 def test_reference_passes_its_checker() -> None:
     ex = lk.exercises.get(NAME)
     assert ex.reference is nb06.average_gradients
-    assert ex.checker(ex.reference) == {"world_sizes": [2, 3], "parameters": 4}
+    assert ex.checker(ex.reference) == {
+        "world_sizes": [2, 3],
+        "groups": [[0, 2], [1, 3]],
+        "parameters": 4,
+    }
 
 
 def test_summing_without_dividing_fails() -> None:
@@ -32,6 +36,26 @@ def test_not_communicating_fails() -> None:
 
     with pytest.raises(ExerciseFailed, match="all-reduce it across the ranks"):
         lk.exercises.get(NAME).checker(local_only)
+
+
+def test_ignoring_the_group_fails() -> None:
+    def world_average(model, group=None) -> None:  # right on the world, wrong on a subgroup
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+    with pytest.raises(ExerciseFailed, match=r"average over all 4 ranks, not over .* group"):
+        lk.exercises.get(NAME).checker(world_average)
+
+
+def test_dividing_by_the_world_size_in_a_group_fails() -> None:
+    def world_divisor(model, group=None) -> None:
+        for p in model.parameters():
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= dist.get_world_size()  # the world's size, not the group's
+
+    with pytest.raises(ExerciseFailed, match=r"divided by the world's size 4"):
+        lk.exercises.get(NAME).checker(world_divisor)
 
 
 def test_a_crash_names_the_rank() -> None:

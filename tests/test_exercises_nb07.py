@@ -19,6 +19,7 @@ def test_reference_passes_its_checker() -> None:
     got = ex.checker(ex.reference)
     assert got["steps"] == nb07.STEPS
     assert got["float32_bytes_per_step"] == 4 * lk.models.count_parameters(nb07._model())
+    assert got["in_flight"] >= nb07.IN_FLIGHT_MIN
 
 
 def test_not_attempted_falls_back_to_the_reference(capsys) -> None:
@@ -52,6 +53,24 @@ def _no_communication(process_group, bucket):
     return fut
 
 
+def _blocking(process_group, bucket):
+    """Right numbers, no overlap: waits for the all-reduce, returns a completed future."""
+    buffer = bucket.buffer()
+    t = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+    dist.all_reduce(t)  # synchronous: backward stalls here
+    buffer.copy_(t)
+    fut = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def _async_then_wait(process_group, bucket):
+    """Issues the all-reduce asynchronously, then waits for it before returning."""
+    fut = _compressed(torch.bfloat16)(process_group, bucket)
+    fut.wait()
+    return fut
+
+
 def _raises(process_group, bucket):
     raise ValueError("boom")
 
@@ -64,6 +83,8 @@ def _raises(process_group, bucket):
         (default_hooks.fp16_compress_hook, r"all-reduced \['float16'\]"),
         (_no_communication, "differs from DDP's average"),
         (_raises, "ValueError: boom"),
+        (_blocking, "waited for its all-reduce"),
+        (_async_then_wait, "already complete"),
     ],
 )
 def test_wrong_answers_fail_with_the_reason(fn, message: str) -> None:

@@ -21,7 +21,11 @@ def test_references_pass_their_checkers() -> None:
     )
     avg_ex = lk.exercises.get("08_average_parameters")
     assert avg_ex.reference is A.average_parameters
-    assert avg_ex.checker(avg_ex.reference) == {"world_size": 3, "mean": [1.0, 3.0, 5.0, 7.0]}
+    assert avg_ex.checker(avg_ex.reference) == {
+        "world_size": 3,
+        "mean": [1.0, 3.0, 5.0, 7.0],
+        "groups": [[0, 2], [1, 3]],
+    }
 
 
 def test_not_attempted_falls_back_to_the_reference(capsys) -> None:
@@ -84,3 +88,13 @@ def _local_mean_only(theta, group=None):
 def test_wrong_averages_fail(wrong) -> None:
     with pytest.raises(ExerciseFailed, match="mean"):
         lk.exercises.check("08_average_parameters", wrong)
+
+
+def _world_mean(theta, group=None):  # right with the default group, wrong on a subgroup
+    dist.all_reduce(theta)
+    theta.div_(dist.get_world_size())
+
+
+def test_ignoring_the_group_fails() -> None:
+    with pytest.raises(ExerciseFailed, match=r"mean over all 4 ranks, not over the group"):
+        lk.exercises.check("08_average_parameters", _world_mean)

@@ -7,7 +7,9 @@ rank's shard, make every parameter's ``.grad`` the average over ranks (one all-r
 parameter, then divide by the world size; Li et al. 2020, "PyTorch Distributed", §3.1). The
 checker runs the learner's function on 2 and 3 ranks through ``lk.launch``: each rank takes
 its own slice of a batch, and every rank's gradients must equal those of one process that
-computes the loss on the whole batch.
+computes the loss on the whole batch. Then on 4 ranks split into the groups ``GROUPS``, each
+rank passing its own group: every rank's gradients must be the average over its group only —
+an answer that ignores ``group`` and averages over the world fails there.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from labkit.exercises import ExerciseFailed, exercise
 from labkit.exercises._failures import first_cause
 from labkit.launcher import LaunchTimeout, RankError, launch
 
-WORLD_SIZES = (2, 3)  # ranks the checker launches
+WORLD_SIZES = (2, 3)  # ranks the checker launches with the default group
+GROUPS = ((0, 2), (1, 3))  # then 4 ranks in two groups: each averages over its own
 TIMEOUT_S = 60.0  # per launch; a deadlocked answer is reported after this long
 PER_RANK = 4  # samples per rank
 RTOL, ATOL = 1e-5, 1e-6  # float32 sums in another order
@@ -71,50 +74,109 @@ def _batch(world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _run(rank: int, world_size: int, fn: Callable[..., Any]) -> dict[str, Any]:
+def _shard(rank: int) -> slice:
+    return slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+
+
+def _run(
+    rank: int, world_size: int, fn: Callable[..., Any], groups: tuple[tuple[int, ...], ...] = ()
+) -> dict[str, Any]:
     x, y = _batch(world_size)
-    shard = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    # Every rank creates every group, in the same order (dist.new_group is collective).
+    made = [(ranks, dist.new_group(list(ranks))) for ranks in groups]
+    mine = next((g for ranks, g in made if rank in ranks), None)
     model = _model()
-    nn.functional.cross_entropy(model(x[shard]), y[shard]).backward()
+    nn.functional.cross_entropy(model(x[_shard(rank)]), y[_shard(rank)]).backward()
     local = {n: p.grad.clone() for n, p in model.named_parameters()}
-    fn(model)
+    if groups:
+        fn(model, group=mine)
+    else:
+        fn(model)
     got = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
     return {"local": local, "got": got}
 
 
-def _reference(world_size: int) -> dict[str, torch.Tensor]:
-    """One process, the loss on the whole batch."""
+def _reference(world_size: int, ranks: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """One process, the loss on the samples of ``ranks`` together."""
     x, y = _batch(world_size)
+    rows = torch.cat([torch.arange(world_size * PER_RANK)[_shard(r)] for r in ranks])
     model = _model()
-    nn.functional.cross_entropy(model(x), y).backward()
+    nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
     return {n: p.grad for n, p in model.named_parameters()}
 
 
-def _hint(got: torch.Tensor, want: torch.Tensor, local: torch.Tensor, world_size: int) -> str:
-    if torch.allclose(got, local, rtol=RTOL, atol=ATOL):
+def _hint(got: torch.Tensor, want: torch.Tensor, res: dict, name: str, case: dict) -> str:
+    n = len(case["ranks"])
+    if torch.allclose(got, res["local"][name], rtol=RTOL, atol=ATOL):
         return "It still holds this rank's own gradient: all-reduce it across the ranks."
-    if torch.allclose(got, want * world_size, rtol=RTOL, atol=ATOL):
-        return f"It is {world_size}× the average: the all-reduce sums; divide by the world size."
-    return "Compare it with the average of all ranks' gradients."
+    if torch.allclose(got, want * n, rtol=RTOL, atol=ATOL):
+        return (
+            f"It is {n}× the average: the all-reduce sums; divide by the world size "
+            "(of the group: dist.get_world_size(group))."
+        )
+    if n != case["world_size"] and torch.allclose(
+        got, want * n / case["world_size"], rtol=RTOL, atol=ATOL
+    ):
+        return (
+            f"It is the group's sum divided by the world's size {case['world_size']}: divide by "
+            f"the group's size {n}, dist.get_world_size(group)."
+        )
+    world = case["world_mean"][name]
+    if world is not None and torch.allclose(got, world, rtol=RTOL, atol=ATOL):
+        return (
+            f"It is the average over all {case['world_size']} ranks, not over this rank's group "
+            f"{list(case['ranks'])}: pass group= to dist.all_reduce and dist.get_world_size."
+        )
+    return "Compare it with the average of the group's gradients."
 
 
-def _compare(world_size: int, results: list[dict[str, Any]]) -> None:
-    want = _reference(world_size)
-    for rank, res in enumerate(results):
-        for name, ref in want.items():
-            got = res["got"][name]
-            if got is None:
-                raise ExerciseFailed(
-                    f"on {world_size} ranks, rank {rank}: {name}.grad is None afterwards; "
-                    "average the gradients in place (keep .grad)"
-                )
-            if not torch.allclose(got, ref, rtol=RTOL, atol=ATOL):
-                hint = _hint(got, ref, res["local"][name], world_size)
-                err = (got - ref).abs().max().item()
-                raise ExerciseFailed(
-                    f"on {world_size} ranks, rank {rank}: {name}.grad differs from the gradient "
-                    f"of one process on the whole batch (max |Δ| = {err:.3g}). {hint}"
-                )
+def _compare(world_size: int, results: list[dict[str, Any]], groups: tuple = ()) -> None:
+    where = f"on {world_size} ranks" + (f" in groups {[list(g) for g in groups]}" if groups else "")
+    world_mean = {
+        n: torch.stack([r["local"][n] for r in results]).mean(0) if groups else None
+        for n in results[0]["local"]
+    }
+    for ranks in groups or (tuple(range(world_size)),):
+        want = _reference(world_size, ranks)
+        case = {"ranks": ranks, "world_size": world_size, "world_mean": world_mean}
+        for rank in ranks:
+            res = results[rank]
+            for name, ref in want.items():
+                got = res["got"][name]
+                if got is None:
+                    raise ExerciseFailed(
+                        f"{where}, rank {rank}: {name}.grad is None afterwards; "
+                        "average the gradients in place (keep .grad)"
+                    )
+                if not torch.allclose(got, ref, rtol=RTOL, atol=ATOL):
+                    hint = _hint(got, ref, res, name, case)
+                    err = (got - ref).abs().max().item()
+                    raise ExerciseFailed(
+                        f"{where}, rank {rank}: {name}.grad differs from the gradient of one "
+                        f"process on its group's whole batch (max |Δ| = {err:.3g}). {hint}"
+                    )
+
+
+def _launch_checked(fn: Callable[..., Any], world_size: int, groups: tuple = ()) -> list:
+    try:
+        return launch(
+            _run,
+            world_size=world_size,
+            backend="gloo",
+            device="cpu",
+            args=(fn, groups),
+            timeout=TIMEOUT_S,
+        )
+    except LaunchTimeout as exc:
+        raise ExerciseFailed(
+            f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s. "
+            "Every rank must all-reduce the same parameters in the same order, over the group "
+            "it is given.\n" + exc.headline
+        ) from exc
+    except RankError as exc:
+        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
+            raise  # not attempted: check() runs the reference instead
+        raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
 
 
 @exercise("06_average_gradients", reference=average_gradients, prompt=PROMPT)
@@ -127,31 +189,20 @@ def check_average_gradients(fn: Callable[..., Any]) -> dict[str, Any]:
         fn: the learner's ``fn(model, group=None)``, averaging gradients in place.
 
     Returns:
-        ``{"world_sizes": [...], "parameters": n}``: the worlds and parameters checked.
+        ``{"world_sizes": [...], "groups": [[...], ...], "parameters": n}``: the worlds, the
+        subgroups of the 4-rank check and the parameters checked.
 
     Raises:
-        ExerciseFailed: a rank's gradient differs from the whole-batch gradient, the function
-            raised, or it hung.
+        ExerciseFailed: a rank's gradient differs from the whole-batch gradient of its group
+            (the world, or its subgroup), the function raised, or it hung.
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(
-                _run,
-                world_size=world_size,
-                backend="gloo",
-                device="cpu",
-                args=(fn,),
-                timeout=TIMEOUT_S,
-            )
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s. "
-                "Every rank must all-reduce the same parameters in the same order.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
-        _compare(world_size, results)
-    return {"world_sizes": list(WORLD_SIZES), "parameters": len(list(_model().parameters()))}
+        _compare(world_size, _launch_checked(fn, world_size))
+    n_ranks = 1 + max(r for g in GROUPS for r in g)
+    _compare(n_ranks, _launch_checked(fn, n_ranks, GROUPS), GROUPS)
+    return {
+        "world_sizes": list(WORLD_SIZES),
+        "groups": [list(g) for g in GROUPS],
+        "parameters": len(list(_model().parameters())),
+    }

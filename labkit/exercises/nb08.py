@@ -11,7 +11,9 @@ be ≥ 0 and the versions must count 1, 2, 3, ...
 
 ``08_average_parameters``: write local SGD's averaging step (Stich 2019, Algorithm 1). The
 checker runs it on 3 ranks holding different parameters (every rank must end with their mean),
-then plugs it into ``local_sgd`` with H = 1, which must give sync SGD's parameters.
+then on 4 ranks split into the groups ``GROUPS``, each rank passing its own group (every rank
+must end with its group's mean: an answer that ignores ``group`` averages the world and
+fails), then plugs it into ``local_sgd`` with H = 1, which must give sync SGD's parameters.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from labkit.parallel.async_sgd import (
 
 TIMEOUT_S = 60.0  # per launch; a correct answer takes a second
 UPDATES = 8
+GROUPS = ((0, 2), (1, 3))  # the averaging check on 4 ranks: each rank averages over its own
 
 APPLY_PROMPT = """Write `my_apply_gradient(theta, version, grad, grad_version, lr)`: the server's
 step. Update `theta` in place (θ ← θ − lr·g) and return `(new_version, staleness)` where
@@ -118,11 +121,37 @@ def check_apply_gradient(fn: Callable[..., Any]) -> dict[str, Any]:
     return {"updates": UPDATES, "staleness_3_ranks": two.staleness}
 
 
-def _average(rank: int, world_size: int, fn: Callable[..., Any]) -> torch.Tensor:
-    theta = torch.arange(4, dtype=torch.float32) * (rank + 1) + rank
-    fn(theta, None)
+def _theta(rank: int) -> torch.Tensor:
+    return torch.arange(4, dtype=torch.float32) * (rank + 1) + rank
+
+
+def _average(rank: int, world_size: int, fn: Callable[..., Any], groups: tuple = ()) -> Any:
+    theta = _theta(rank)
+    made = [(ranks, dist.new_group(list(ranks))) for ranks in groups]  # collective: all ranks
+    fn(theta, next((g for ranks, g in made if rank in ranks), None))
     dist.barrier()
     return theta
+
+
+def _check_means(got: list[torch.Tensor], groups: tuple) -> None:
+    world_mean = torch.stack([_theta(r) for r in range(len(got))]).mean(0)
+    where = f"on {len(got)} ranks" + (f" in groups {[list(g) for g in groups]}" if groups else "")
+    for ranks in groups or (tuple(range(len(got))),):
+        want = torch.stack([_theta(r) for r in ranks]).mean(0)
+        for rank in ranks:
+            theta = got[rank]
+            if torch.allclose(theta, want, rtol=1e-6, atol=1e-6):
+                continue
+            hint = "sum with all_reduce, then divide by the group's size"
+            if groups and torch.allclose(theta, world_mean, rtol=1e-6, atol=1e-6):
+                hint = (
+                    f"that is the mean over all {len(got)} ranks, not over the group "
+                    f"{list(ranks)}: pass group= to dist.all_reduce and dist.get_world_size"
+                )
+            raise ExerciseFailed(
+                f"{where}, rank {rank} holds {theta.tolist()}; the mean of its group's inputs "
+                f"is {want.tolist()} ({hint})"
+            )
 
 
 def _local_vs_sync(rank: int, world_size: int, fn: Callable[..., Any], problem) -> Any:
@@ -140,22 +169,19 @@ def check_average_parameters(fn: Callable[..., Any]) -> dict[str, Any]:
         fn: the learner's ``fn(theta, group=None)``, averaging ``theta`` in place.
 
     Returns:
-        ``{"world_size": 3, "mean": [...]}``.
+        ``{"world_size": 3, "mean": [...], "groups": [[...], ...]}``: the 3-rank mean and the
+        subgroups of the 4-rank check.
 
     Raises:
-        ExerciseFailed: a rank does not hold the mean, or local SGD (H = 1) ≠ sync SGD.
+        ExerciseFailed: a rank does not hold the mean of its group (the world, or its
+            subgroup), or local SGD (H = 1) ≠ sync SGD.
     """
-    got = _launch(_average, 3, (fn,), "averaging")
-    inputs = [torch.arange(4, dtype=torch.float32) * (r + 1) + r for r in range(3)]
-    want = torch.stack(inputs).mean(0)
-    for rank, theta in enumerate(got):
-        if not torch.allclose(theta, want, rtol=1e-6, atol=1e-6):
-            raise ExerciseFailed(
-                f"rank {rank} holds {theta.tolist()}, the mean of the ranks' inputs is "
-                f"{want.tolist()} (sum with all_reduce, then divide by the group's size)"
-            )
+    _check_means(_launch(_average, 3, (fn,), "averaging"), ())
+    n_ranks = 1 + max(r for g in GROUPS for r in g)
+    _check_means(_launch(_average, n_ranks, (fn, GROUPS), "averaging in groups"), GROUPS)
+    want = torch.stack([_theta(r) for r in range(3)]).mean(0)
     problem = regression_problem(n_samples=128)
     local, sync = _launch(_local_vs_sync, 2, (fn, problem), "local SGD with H = 1")[0]
     if not torch.allclose(local, sync, rtol=1e-5, atol=1e-6):
         raise ExerciseFailed("local SGD with H = 1 must take the same steps as sync SGD")
-    return {"world_size": 3, "mean": want.tolist()}
+    return {"world_size": 3, "mean": want.tolist(), "groups": [list(g) for g in GROUPS]}
