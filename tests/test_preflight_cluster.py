@@ -44,7 +44,7 @@ def test_a_mismatch_on_one_rank_fails_on_every_rank_naming_it() -> None:
     text = out[0]
     assert f"torch: {torch.__version__!r} on ranks 0, 2" in text
     assert "'2.14.1+cu130' on rank 1 (on " in text
-    assert "Rank 1 (on " in text and "differ from rank 0" in text
+    assert "Rank 1 (on " in text and "differs from rank 0" in text
     assert "pip install -r requirements.txt" in text  # what to do
 
 

@@ -145,8 +145,8 @@ def mismatch_message(rows: list[RankVersions], fields: tuple[str, ...] = FIELDS)
     return (
         f"ranks run different software ({len(rows)} ranks checked):\n"
         + "\n".join(lines)
-        + f"\n{_capital(_where(differ))} differ from rank 0. Every node must run the same "
-        f"torch, CUDA and NCCL: {FIX}."
+        + f"\n{_capital(_where(differ))} {'differ' if len(differ) > 1 else 'differs'} from "
+        f"rank 0. Every node must run the same torch, CUDA and NCCL: {FIX}."
     )
 
 
