@@ -262,13 +262,13 @@ def _doctor_job(args: argparse.Namespace) -> DoctorReport | None:
     machine = doctor(verbose=args.verbose, kill_stale=args.kill_stale) if local_rank == 0 else None
     dist.init_process_group("gloo", timeout=timedelta(seconds=JOB_TIMEOUT_S))
     try:
-        shared = job_checks(shared_dir=args.shared_dir)
+        across = job_checks(shared_dir=args.shared_dir)
         dist.barrier()  # nobody tears the group down while another rank still gathers
     finally:
         dist.destroy_process_group()
     host = socket.gethostname() or "unknown host"
     title = Check("job", "ok", f"rank {rank} of {os.environ['WORLD_SIZE']} on {host}")
-    checks = [title, *shared, *(machine.checks if machine is not None else [])]
+    checks = [title, *across, *(machine.checks if machine is not None else [])]
     report = DoctorReport(checks, verbose=args.verbose)
     return report if machine is not None or not report.ok else None
 
