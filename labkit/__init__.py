@@ -48,6 +48,8 @@ _LAZY_MODULES = {
 }
 _LAZY_ATTRS = {
     "doctor": ("labkit.preflight", "doctor"),
+    "check_shared_dir": ("labkit.preflight.cluster", "check_shared_dir"),
+    "check_versions": ("labkit.preflight.cluster", "check_versions"),
     "Network": ("labkit.costmodel", "Network"),
     "World": ("labkit.ranks", "World"),
 }
@@ -61,6 +63,8 @@ __all__ = [
     "backends",
     "bench",
     "capstone",
+    "check_shared_dir",
+    "check_versions",
     "checkpoint",
     "collectives",
     "costmodel",

@@ -83,6 +83,61 @@ def test_parallel_sum_wrong_answers_fail(wrong, message) -> None:
     assert "expected n(n+1)/2" in str(info.value)
 
 
+def _formula_only(rank, world_size, n):
+    return n * (n + 1) // 2  # right on every rank, and no communication at all
+
+
+def _formula_after_a_broadcast(rank, world_size, n):
+    dist.broadcast(torch.zeros(1), src=0)  # some communication, but no all-reduce
+    return n * (n + 1) // 2
+
+
+def _all_reduces_zeros(rank, world_size, n):
+    dist.all_reduce(torch.zeros(1, dtype=torch.int64))  # an all-reduce that carries nothing
+    return n * (n + 1) // 2
+
+
+def _rank0_sums_everything(rank, world_size, n):
+    part = (
+        torch.arange(1, n + 1, dtype=torch.int64).sum()
+        if rank == 0
+        else torch.zeros((), dtype=torch.int64)
+    )
+    dist.all_reduce(part)  # right total, but the other ranks did no work
+    return int(part)
+
+
+def _all_reduce_behind_the_watchers_back(rank, world_size, n):
+    lo, hi = rank * n // world_size + 1, (rank + 1) * n // world_size
+    part = torch.arange(lo, hi + 1, dtype=torch.int64).sum()
+    dist.distributed_c10d.all_reduce(part)
+    return int(part)
+
+
+FORMULA_ONLY = (
+    "on 2 ranks, n=1: rank(s) 0, 1 returned 1 without an all-reduce "
+    "(the backend recorded: no collective at all)"
+)
+RANK0_ONLY = "n=100003: rank(s) 0, 1 contributed 5000350006, 0 of 5000350006"
+
+
+@pytest.mark.parametrize(
+    ("wrong", "message"),
+    [
+        (_formula_only, FORMULA_ONLY),
+        (_formula_after_a_broadcast, "without an all-reduce (the backend recorded: broadcast)"),
+        (_all_reduces_zeros, "handed dist.all_reduce [0.0, 0.0], which add up to 0,"),
+        (_rank0_sums_everything, RANK0_ONLY),
+        (_all_reduce_behind_the_watchers_back, "without calling dist.all_reduce"),
+    ],
+)
+def test_parallel_sum_right_totals_without_a_real_all_reduce_fail(wrong, message) -> None:
+    with pytest.raises(ExerciseFailed) as info:
+        lk.exercises.check("00_parallel_sum", wrong)
+    assert message in str(info.value)
+    assert "on 2 ranks" in str(info.value)  # on 1 rank there is nothing to communicate
+
+
 def test_parallel_sum_crash_is_reported_with_its_cause() -> None:
     def crashes_on_rank_1(rank, world_size, n):
         if rank == 1:

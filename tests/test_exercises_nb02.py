@@ -21,18 +21,17 @@ def test_reference_passes_its_checker() -> None:
     assert detail == {"world_sizes": [2, 3], "cases": 3}
 
 
-def test_another_correct_algorithm_passes() -> None:
-    # all_reduce = reduce_scatter + all_gather: not the suggested route, still correct
-    def via_reduce_scatter(tensor: torch.Tensor, group=None) -> None:
-        p = dist.get_world_size(group)
-        flat = tensor.reshape(-1)
-        buf = torch.cat([flat, flat.new_zeros((-flat.numel()) % p)])
-        part = buf.new_empty(buf.numel() // p)
-        dist.reduce_scatter_single(part, buf, group=group)
-        dist.all_gather_single(buf, part, group=group)
-        tensor.copy_(buf[: flat.numel()].reshape(tensor.shape))
+def test_another_algorithm_from_broadcasts_passes() -> None:
+    # Every rank broadcasts its tensor in turn and all add them up: p broadcasts, no reduce.
+    def by_broadcasts(tensor: torch.Tensor, group=None) -> None:
+        total = torch.zeros_like(tensor)
+        for root in range(dist.get_world_size(group)):
+            part = tensor.clone()
+            dist.broadcast(part, group=group, group_src=root)
+            total += part
+        tensor.copy_(total)
 
-    assert lk.exercises.check(NAME, via_reduce_scatter).status == "passed"
+    assert lk.exercises.check(NAME, by_broadcasts).status == "passed"
 
 
 def test_not_attempted_falls_back_to_the_reference(capsys) -> None:
@@ -82,6 +81,31 @@ def _raises(tensor, group=None):
     raise ValueError("oops")
 
 
+def _all_gather_and_sum(tensor, group=None):
+    # The right numbers, but from an all_gather: not what the exercise builds.
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor, group=group)
+    tensor.copy_(torch.stack(parts).sum(0))
+
+
+def _reduce_scatter_and_all_gather(tensor, group=None):
+    # all_reduce = reduce_scatter + all_gather: correct, but neither collective is allowed here.
+    p = dist.get_world_size(group)
+    flat = tensor.reshape(-1)
+    buf = torch.cat([flat, flat.new_zeros((-flat.numel()) % p)])
+    part = buf.new_empty(buf.numel() // p)
+    dist.reduce_scatter_single(part, buf, group=group)
+    dist.all_gather_single(buf, part, group=group)
+    tensor.copy_(buf[: flat.numel()].reshape(tensor.shape))
+
+
+def _reduce_then_all_gather(tensor, group=None):
+    dist.reduce(tensor, group=group, group_dst=0)
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor, group=group)  # broadcast's job, done by another collective
+    tensor.copy_(parts[0])
+
+
 @pytest.mark.parametrize(
     ("wrong", "reason"),
     [
@@ -93,6 +117,12 @@ def _raises(tensor, group=None):
         (_does_nothing, "works in place"),
         (_off_by_one, "first at index (0, 0)"),
         (_raises, "raised ValueError: oops"),
+        (_all_gather_and_sum, "rank 0 ran all_gather (the backend recorded: all_gather)"),
+        (
+            _reduce_scatter_and_all_gather,
+            "rank 0 ran reduce_scatter_tensor, all_gather_into_tensor",
+        ),
+        (_reduce_then_all_gather, "(the backend recorded: reduce, all_gather)"),
     ],
 )
 def test_wrong_answers_fail_with_a_reason(wrong, reason: str, capsys) -> None:

@@ -8,6 +8,12 @@ the learner's function on 1, 2 and 3 ranks through ``lk.launch`` for several n (
 n smaller than the number of ranks) and compares every rank's answer with Gauss's n(n+1)/2.
 It also notes what each rank handed to ``dist.all_reduce``, so a wrong answer comes with the
 likely mistake (every rank summed everything, a slice was lost, float32 rounded).
+
+A right total is not enough: the ranks run on the recording backend (``labkit_record`` over
+gloo), and on 2 and 3 ranks every rank must have run an all-reduce and handed it its own partial
+sum — the contributions must add up to n(n+1)/2, and for the largest n each must be a proper
+part of it. So ``return n * (n + 1) // 2`` (no communication), an all-reduce of zeros next to
+the formula, and "rank 0 sums everything, the others add 0" are all rejected.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from labkit.backends import recording
 from labkit.exercises import ExerciseFailed, exercise
 from labkit.exercises._failures import first_cause
 from labkit.launcher import LaunchTimeout, RankError, launch
@@ -79,8 +86,10 @@ def _run_cases(rank: int, world_size: int, fn: Callable[..., Any]) -> list[dict]
     try:
         for n in NS:
             seen.clear()
+            recording.clear()
             got = _as_int(fn(rank, world_size, n))
-            out.append({"n": n, "got": got, "partials": list(seen)})
+            ops = [r.op for r in recording.records()]  # every collective, however it was called
+            out.append({"n": n, "got": got, "partials": list(seen), "ops": ops})
     finally:
         dist.all_reduce = real_all_reduce
     return out
@@ -120,6 +129,49 @@ def _compare(world_size: int, results: list[list[dict]]) -> None:
             )
 
 
+def _check_communication(world_size: int, results: list[list[dict]]) -> None:
+    """Right totals must come from an all-reduce of each rank's own partial sum."""
+    if world_size == 1:
+        return  # one rank's partial sum is the total; nothing to communicate
+    for case, n in enumerate(NS):
+        rows = [r[case] for r in results]
+        expected = n * (n + 1) // 2
+        where = f"on {world_size} ranks, n={n}"
+        silent = [rank for rank, row in enumerate(rows) if "all_reduce" not in row["ops"]]
+        if silent:
+            ran = sorted({op for row in rows for op in row["ops"]}) or ["no collective at all"]
+            raise ExerciseFailed(
+                f"{where}: rank(s) {', '.join(map(str, silent))} returned {expected} without "
+                f"an all-reduce (the backend recorded: {', '.join(ran)}). Computing n(n+1)/2 "
+                "on every rank is not a parallel sum: sum only this rank's slice and add the "
+                "partial sums of all ranks with dist.all_reduce."
+            )
+        unseen = [rank for rank, row in enumerate(rows) if not row["partials"]]
+        if unseen:
+            raise ExerciseFailed(
+                f"{where}: rank(s) {', '.join(map(str, unseen))} all-reduced without calling "
+                "dist.all_reduce, so the checker cannot see what they contributed: call "
+                "dist.all_reduce(partial) on each rank's partial sum."
+            )
+        partials = [row["partials"][0] for row in rows]
+        if sum(partials) != expected:
+            raise ExerciseFailed(
+                f"{where}: the ranks handed dist.all_reduce {partials}, which add up to "
+                f"{sum(partials):.15g}, not n(n+1)/2 = {expected}, yet returned {expected}: the "
+                "total must be the all-reduce of the partial sums, each rank contributing the "
+                "sum of its own slice."
+            )
+        if n == max(NS):
+            lazy = [rank for rank, part in enumerate(partials) if not 0 < part < expected]
+            if lazy:
+                raise ExerciseFailed(
+                    f"{where}: rank(s) {', '.join(map(str, lazy))} contributed "
+                    f"{', '.join(f'{partials[r]:.15g}' for r in lazy)} of {expected}: every rank "
+                    "must sum its own part of 1..n (for n much larger than the number of "
+                    "ranks, no rank's slice is empty and none is everything)."
+                )
+
+
 @exercise("00_parallel_sum", reference=parallel_sum, prompt=PROMPT)
 def check_parallel_sum(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a parallel sum of 1..n on 1, 2 and 3 ranks against n(n+1)/2.
@@ -133,7 +185,9 @@ def check_parallel_sum(fn: Callable[..., Any]) -> dict[str, Any]:
         ``{"world_sizes": [...], "ns": [...]}``: what was checked.
 
     Raises:
-        ExerciseFailed: a rank's total is wrong, or the function raised or hung.
+        ExerciseFailed: a rank's total is wrong; on several ranks, a rank ran no all-reduce or
+            the partial sums it was given do not add up to the total; or the function raised
+            or hung.
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for world_size in WORLD_SIZES:
@@ -141,7 +195,7 @@ def check_parallel_sum(fn: Callable[..., Any]) -> dict[str, Any]:
             results = launch(
                 _run_cases,
                 world_size=world_size,
-                backend="gloo",  # the idea is the point; gloo runs everywhere
+                backend=recording.spec("gloo"),  # gloo runs everywhere; we see every op
                 device="cpu",
                 args=(fn,),
                 timeout=TIMEOUT_S,
@@ -156,4 +210,5 @@ def check_parallel_sum(fn: Callable[..., Any]) -> dict[str, Any]:
                 raise  # not attempted: check() runs the reference instead
             raise ExerciseFailed(f"on {world_size} rank(s), {first_cause(exc)}") from exc
         _compare(world_size, results)
+        _check_communication(world_size, results)
     return {"world_sizes": list(WORLD_SIZES), "ns": list(NS)}

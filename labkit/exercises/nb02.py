@@ -6,7 +6,10 @@ Introduced in notebooks/02_collectives.ipynb.
 (the "reduce + broadcast" algorithm of Thakur, Rabenseifner and Gropp 2005, §4; notebook 03
 builds the faster ones). The checker runs the learner's function on 2 and 3 ranks through
 ``lk.launch``, on the default group and on a subgroup that leaves rank 0 out, and compares
-every rank's tensor with ``dist.all_reduce`` on the same input.
+every rank's tensor with ``dist.all_reduce`` on the same input. The ranks run on the recording
+backend (``labkit_record`` over gloo), so any other collective the answer runs — an all_gather
+followed by a local sum, a reduce_scatter + all_gather — is seen and rejected, however it was
+called; ``dist.all_reduce`` itself is switched off inside the answer.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from labkit.backends import recording
 from labkit.exercises import ExerciseFailed, exercise
 from labkit.launcher import LaunchTimeout, RankError, launch
 
@@ -25,6 +29,7 @@ WORLD_SIZES = (2, 3)  # ranks the checker launches
 TIMEOUT_S = 60.0  # per launch; a deadlocked answer is reported after this long
 _SHAPE = (3, 4)  # a 2-D tensor: the answer must not assume 1-D inputs
 _FORBIDDEN = ("all_reduce",)  # what the answer must build, not call
+ALLOWED_OPS = ("reduce", "broadcast")  # the only collectives the answer may run
 
 PROMPT = """Write `my_all_reduce(tensor, group=None)`: a SUM all-reduce of `tensor`, in place,
 using only `dist.reduce` (to the group's first rank) and `dist.broadcast` (from it).
@@ -101,8 +106,10 @@ def _run_cases(rank: int, world_size: int, fn: Callable[..., Any]) -> list[dict 
         expected = x.clone()
         dist.all_reduce(expected, group=group)
         got = x.clone()
+        recording.clear()
         with _forbid(_FORBIDDEN):
             returned = fn(got) if group is None else fn(got, group=group)
+        ops = [r.op for r in recording.records()]  # what the answer really ran
         out.append(
             {
                 "label": label,
@@ -111,6 +118,7 @@ def _run_cases(rank: int, world_size: int, fn: Callable[..., Any]) -> list[dict 
                 "got": got,
                 "expected": expected,
                 "returned": returned if isinstance(returned, torch.Tensor) else None,
+                "ops": ops,
             }
         )
     return out
@@ -142,9 +150,24 @@ def _first_difference(got: torch.Tensor, expected: torch.Tensor) -> str:
     )
 
 
+def _check_ops(world_size: int, rows: list[dict]) -> None:
+    """Reject any collective but reduce and broadcast, whatever the values came out as."""
+    for rank, row in zip(rows[0]["members"], rows, strict=True):
+        other = [op for op in row["ops"] if op not in ALLOWED_OPS]
+        if other:
+            raise ExerciseFailed(
+                f"on {world_size} ranks ({row['label']}), rank {rank} ran "
+                f"{', '.join(dict.fromkeys(other))} (the backend recorded: "
+                f"{', '.join(row['ops'])}). This exercise builds all_reduce from "
+                "dist.reduce and dist.broadcast only: reduce to the group's first rank, then "
+                "broadcast from it."
+            )
+
+
 def _compare(world_size: int, results: list[list[dict | None]]) -> None:
     for case in range(len(results[0])):
         rows = [r[case] for r in results if r[case] is not None]
+        _check_ops(world_size, rows)
         wrong = [
             (rank, row)
             for rank, row in zip(rows[0]["members"], rows, strict=True)
@@ -180,8 +203,9 @@ def check_allreduce_from_parts(fn: Callable[..., Any]) -> dict[str, Any]:
         ``{"world_sizes": [...], "cases": n}``: the worlds and the (world, group) cases checked.
 
     Raises:
-        ExerciseFailed: a rank's tensor differs from ``dist.all_reduce``, the function called
-            ``dist.all_reduce``, raised, or hung.
+        ExerciseFailed: a rank's tensor differs from ``dist.all_reduce``, the function ran a
+            collective other than reduce and broadcast (``dist.all_reduce`` among them),
+            raised, or hung.
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     cases = 0
@@ -190,7 +214,7 @@ def check_allreduce_from_parts(fn: Callable[..., Any]) -> dict[str, Any]:
             results = launch(
                 _run_cases,
                 world_size=world_size,
-                backend="gloo",  # the algorithm is the point; gloo runs everywhere
+                backend=recording.spec("gloo"),  # gloo runs everywhere; we see every op
                 device="cpu",
                 args=(fn,),
                 timeout=TIMEOUT_S,

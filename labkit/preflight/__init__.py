@@ -12,6 +12,14 @@ Run it from a terminal (exit status 1 when a check fails):
     labkit doctor                 # or: python -m labkit.preflight
     labkit doctor --json          # machine-readable
     labkit doctor --kill-stale    # also stop labkit processes left from earlier runs
+
+Under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` set) every rank joins a gloo
+group and the report gains the cross-rank checks of :mod:`labkit.preflight.cluster`: the same
+torch, CUDA, NCCL, Python and labkit on every rank, and with ``--shared-dir`` a directory that
+every rank sees. One rank per node (``LOCAL_RANK`` 0) checks its machine; each prints its report:
+
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \\
+        -m labkit.preflight --shared-dir /shared/ckpt
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
+import socket
 import textwrap
 import time
 from collections.abc import Callable
@@ -213,10 +223,54 @@ def main(argv: list[str] | None = None) -> int:
         help="terminate labkit zygotes and ranks left over from earlier runs",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show each check's time")
+    parser.add_argument(
+        "--shared-dir",
+        metavar="PATH",
+        help="under torchrun: check that every rank sees this directory (for checkpoints)",
+    )
     args = parser.parse_args(argv)
-    report = doctor(verbose=args.verbose, kill_stale=args.kill_stale)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
-    return 0 if report.ok else 1
+    if all(os.environ.get(k) for k in TORCHRUN_ENV):
+        report = _doctor_job(args)
+    else:
+        if args.shared_dir:
+            parser.error("--shared-dir needs several ranks: run the doctor under torchrun")
+        report = doctor(verbose=args.verbose, kill_stale=args.kill_stale)
+    if report is not None:
+        print(json.dumps(report.to_dict(), indent=2) if args.json else report, flush=True)
+    return 0 if report is None or report.ok else 1
+
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")  # torchrun sets these in every worker
+JOB_TIMEOUT_S = 120  # how long a rank waits for the others in the cross-rank checks
+
+
+def _doctor_job(args: argparse.Namespace) -> DoctorReport | None:
+    """Under torchrun: this node's checks (on LOCAL_RANK 0) plus the cross-rank ones.
+
+    Returns:
+        The report to print: on LOCAL_RANK 0 this machine's checks and the cross-rank ones;
+        None on the other ranks of a node whose cross-rank checks passed.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from labkit.preflight.cluster import job_checks
+
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    # kill_stale only on request and only from one rank per machine: it must not race itself.
+    machine = doctor(verbose=args.verbose, kill_stale=args.kill_stale) if local_rank == 0 else None
+    dist.init_process_group("gloo", timeout=timedelta(seconds=JOB_TIMEOUT_S))
+    try:
+        across = job_checks(shared_dir=args.shared_dir)
+        dist.barrier()  # nobody tears the group down while another rank still gathers
+    finally:
+        dist.destroy_process_group()
+    host = socket.gethostname() or "unknown host"
+    title = Check("job", "ok", f"rank {rank} of {os.environ['WORLD_SIZE']} on {host}")
+    checks = [title, *across, *(machine.checks if machine is not None else [])]
+    report = DoctorReport(checks, verbose=args.verbose)
+    return report if machine is not None or not report.ok else None
 
 
 if __name__ == "__main__":
