@@ -315,9 +315,26 @@ class PythonProcessGroup(dist.ProcessGroup):
         return _all_done(works, tensors)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """``dist.all_gather_coalesced``: ``output_lists[r][j]`` receives rank r's input j.
+
+        c10d passes the outputs rank-major, one list per rank (``ProcessGroupGloo``'s
+        ``allgather_coalesced`` checks ``output_lists.size() == size`` and
+        ``output_lists[r].size() == input_list.size()``), so input j's all_gather writes
+        into the j-th tensor of every rank's list.
+        """
         opts = opts or AllgatherOptions()
-        pairs = zip(output_lists, inputs, strict=True)
-        works = [self.allgather([outs], [i], opts) for outs, i in pairs]
+        n = self.size()
+        if len(output_lists) != n or any(len(outs) != len(inputs) for outs in output_lists):
+            shape = [len(outs) for outs in output_lists]
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists must hold world_size={n} lists "
+                f"(one per rank) of {len(inputs)} tensors (one per input), got lists of "
+                f"{shape} tensors"
+            )
+        works = [
+            self.allgather([[outs[j] for outs in output_lists]], [inp], opts)
+            for j, inp in enumerate(inputs)
+        ]
         return _all_done(works, output_lists)
 
 
