@@ -13,6 +13,8 @@ group), torch/csrc/distributed/c10d/PyProcessGroup.hpp (which methods C++ caller
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
@@ -217,7 +219,18 @@ class FutureWork(dist.Work):
         if not self.future.done():
             self.future.set_exception(exc)
 
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - the backend enforces its own timeout
+    def wait(self, timeout=None) -> bool:
+        """Wait for the operation; with a positive ``timeout`` (a timedelta), at most that long.
+
+        Raises:
+            RuntimeError: the operation's error, or "Timed out waiting ..." (c10d's words).
+        """
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if seconds > 0 and not self.future.done():
+            done = threading.Event()
+            self.future.add_done_callback(lambda _: done.set())
+            if not done.wait(seconds):
+                raise RuntimeError(f"Timed out waiting {seconds:g} s for the operation")
         self.future.wait()  # raises the operation's error, if any
         return True
 
