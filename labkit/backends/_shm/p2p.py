@@ -268,7 +268,7 @@ class PointToPoint:
             if gone and len(gone) == len(peers) and not self._data_waiting(op):
                 self._fail(op, gone[0])
             elif now > op.deadline:
-                self._fail(op, f"timed out after {self.timeout_s:g} s")
+                self._fail(op, f"Timed out after {self.timeout_s:g} s")
 
     def _data_waiting(self, op: _Op) -> bool:
         if op.kind == "send":
