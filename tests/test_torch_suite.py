@@ -151,6 +151,7 @@ def _full_params():
 
 
 @pytest.mark.torch_suite
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize(("backend", "world_size"), list(_full_params()))
 def test_full_selection(backend, world_size, request):
     markexpr = request.config.getoption("markexpr") or ""
