@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 REAL_BACKEND = os.environ.get("LABKIT_SUITE_BACKEND", "gloo").lower()
 AS_GLOO = os.environ.get("LABKIT_SUITE_AS_GLOO") == "1"
+START = os.environ.get("LABKIT_SUITE_START", "forkserver")
 # labkit backend -> the module that registers it (the wrappers wrap gloo by default).
 LABKIT_MODULES = {
     "labkit_shm": "labkit.backends.shm",
@@ -100,7 +101,12 @@ class TestBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def _spawn_processes(self) -> None:
         # A forkserver that has imported this module (torch, the suite) once: each rank is
         # forked from it in milliseconds instead of importing torch again (seconds), which
-        # is what makes the suite fit in CI. The suite's spawn start method is otherwise kept.
+        # is what makes the suite fit in CI. A forked rank ends with os._exit, skipping the
+        # interpreter's shutdown, so LABKIT_SUITE_START=spawn (the suite's own start method,
+        # whose ranks exit through sys.exit) is the way to check what happens at exit.
+        if START == "spawn":
+            super()._spawn_processes()
+            return
         ctx = torch.multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload([__name__])
         self._start_processes(ctx.Process)
