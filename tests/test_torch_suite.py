@@ -180,7 +180,7 @@ def test_full_selection(backend, world_size, request):
     # Tests gloo passes that the backend's own run skipped: the suite's gates on the name.
     gated = sorted(n for n in gloo_passed if ours["outcomes"].get(n) == "skipped")
     outcomes = dict(ours["outcomes"])
-    if gated and backend != "labkit_cpp":
+    if gated:
         as_gloo = _run_suite(backend, world_size, " or ".join(gated), _out_dir(), as_gloo=True)
         for n in gated:
             outcomes[n] = as_gloo["outcomes"].get(n, "missing")
