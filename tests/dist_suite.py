@@ -14,9 +14,9 @@ interpreter per backend and world size, e.g.::
         -k "all_gather_coalesced or send_recv"
 
 The suite reads ``BACKEND`` when it is imported (its skip decorators are evaluated then), so
-the variables are set before the import, in the parent and (inherited) in every spawned rank,
-which re-imports this module to find the test class. Three things are added to the suite's
-own machinery, none of them by editing torch's files:
+the variables are set before the import, in the parent and in every rank, which finds the test
+class by importing this module. Four things are added to the suite's own machinery, none of
+them by editing torch's files:
 
 - a labkit backend is registered in every rank by importing its module here, and its name is
   added to ``DistTestCases.backend_feature["plugin"]``, ``["ddp"]`` and ``["subgroup"]``
@@ -26,9 +26,13 @@ own machinery, none of them by editing torch's files:
   sees ``BACKEND=gloo``, but every group it creates — the default group in ``_run`` and any
   ``init_process_group`` / ``new_group`` a test calls with ``backend="gloo"`` — is created on
   the labkit backend (``torch.distributed``'s functions are wrapped in the rank process);
+- ranks are forked from a forkserver that has imported this module once (about 1 s a test
+  instead of 10-30 s on 2 cores); ``LABKIT_SUITE_START=spawn`` restores the suite's spawn;
 - the runner checks every rank's exit code, not only rank 0's (the suite's
-  ``_check_return_codes`` reads only the first process), so a rank that aborts at exit after
-  a passing test fails it.
+  ``_check_return_codes`` reads only the first process). A forked rank ends with
+  ``os._exit``, so an abort during interpreter shutdown shows only under
+  ``LABKIT_SUITE_START=spawn`` (``tests/test_backends_shm_regressions.py`` checks that case
+  with real interpreter exits).
 """
 
 from __future__ import annotations

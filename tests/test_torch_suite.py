@@ -168,9 +168,7 @@ def _full_params():
 def test_full_selection(backend, world_size, request):
     markexpr = request.config.getoption("markexpr") or ""
     if "torch_suite" not in markexpr or "not torch_suite" in markexpr:
-        pytest.skip(
-            "the full run (~1 h on 2 cores): pytest -m torch_suite tests/test_torch_suite.py"
-        )
+        pytest.skip("the full run (~15 min): pytest -m torch_suite tests/test_torch_suite.py")
     _skip_cpp(backend)
     k = CPP_SELECTION if backend == "labkit_cpp" else SELECTION
     gloo = _gloo(world_size, k)
