@@ -43,7 +43,7 @@ def warm_up(group: dist.ProcessGroup | None, device: torch.device) -> None:
     """
     if dist.get_backend(group) != "nccl":
         return
-    name = (group or dist.distributed_c10d._get_default_group()).group_name
+    name = (group or dist.group.WORLD).group_name
     if name not in _warm:
         dist.all_reduce(torch.zeros(1, device=device), group=group)
         _warm.add(name)
