@@ -267,7 +267,7 @@ def test_missing_peer_times_out_and_mismatched_shapes_are_named():
     from labkit.backends import cpp
 
     lonely = cpp.create_backend(dist.HashStore(), 0, 2, timedelta(seconds=0.3))
-    with pytest.raises(dist.DistStoreError, match="timed out after 300 ms waiting for rank 1"):
+    with pytest.raises(dist.DistStoreError, match="Timed out after 300 ms waiting for rank 1"):
         lonely.allreduce([torch.ones(2)])
 
     def body(backend, rank):

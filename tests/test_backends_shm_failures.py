@@ -223,7 +223,7 @@ def _times_out(rank, world_size, what):
 def test_collective_timeout_names_the_op_and_the_missing_rank():
     res = lk.launch(_times_out, world_size=2, args=("collective",), backend="labkit_shm")
     first, then = res[0]
-    assert "all_reduce #1 timed out on rank 0 after 1 s waiting for rank 1" in first, first
+    assert "all_reduce #1 on rank 0: Timed out after 1 s waiting for rank 1" in first, first
     assert "which has not entered any collective" in first, first
     assert "failed earlier" in then, then
 
@@ -231,7 +231,7 @@ def test_collective_timeout_names_the_op_and_the_missing_rank():
 def test_recv_timeout_names_the_peer():
     res = lk.launch(_times_out, world_size=2, args=("recv",), backend="labkit_shm")
     first, _ = res[0]
-    assert "recv on rank 0 from rank 1 (tag 0, float32[3]): timed out after 1 s" in first, first
+    assert "recv on rank 0 from rank 1 (tag 0, float32[3]): Timed out after 1 s" in first, first
 
 
 def _name_is_gone(rank, world_size):

@@ -13,6 +13,8 @@ group), torch/csrc/distributed/c10d/PyProcessGroup.hpp (which methods C++ caller
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
@@ -217,7 +219,18 @@ class FutureWork(dist.Work):
         if not self.future.done():
             self.future.set_exception(exc)
 
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - the backend enforces its own timeout
+    def wait(self, timeout=None) -> bool:
+        """Wait for the operation; with a positive ``timeout`` (a timedelta), at most that long.
+
+        Raises:
+            RuntimeError: the operation's error, or "Timed out waiting ..." (c10d's words).
+        """
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if seconds > 0 and not self.future.done():
+            done = threading.Event()
+            self.future.add_done_callback(lambda _: done.set())
+            if not done.wait(seconds):
+                raise RuntimeError(f"Timed out waiting {seconds:g} s for the operation")
         self.future.wait()  # raises the operation's error, if any
         return True
 
@@ -315,9 +328,26 @@ class PythonProcessGroup(dist.ProcessGroup):
         return _all_done(works, tensors)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
+        """``dist.all_gather_coalesced``: ``output_lists[r][j]`` receives rank r's input j.
+
+        c10d passes the outputs rank-major, one list per rank (``ProcessGroupGloo``'s
+        ``allgather_coalesced`` checks ``output_lists.size() == size`` and
+        ``output_lists[r].size() == input_list.size()``), so input j's all_gather writes
+        into the j-th tensor of every rank's list.
+        """
         opts = opts or AllgatherOptions()
-        pairs = zip(output_lists, inputs, strict=True)
-        works = [self.allgather([outs], [i], opts) for outs, i in pairs]
+        n = self.size()
+        if len(output_lists) != n or any(len(outs) != len(inputs) for outs in output_lists):
+            shape = [len(outs) for outs in output_lists]
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists must hold world_size={n} lists "
+                f"(one per rank) of {len(inputs)} tensors (one per input), got lists of "
+                f"{shape} tensors"
+            )
+        works = [
+            self.allgather([[outs[j] for outs in output_lists]], [inp], opts)
+            for j, inp in enumerate(inputs)
+        ]
         return _all_done(works, output_lists)
 
 

@@ -167,6 +167,11 @@ def _resolve_builtin(backend: str, world_size: int, device: str) -> str:
     return name
 
 
+# labkit's backends that register for CPU tensors only (``devices=["cpu"]``): a CUDA tensor
+# reaches them only to fail at its first operation with torch's generic "no backend" error.
+CPU_ONLY_BACKENDS = ("labkit_shm", "labkit_cpp")
+
+
 def resolve_device(device: str, backend: str, world_size: int) -> str:
     if not isinstance(device, str):
         device = str(device)
@@ -177,6 +182,12 @@ def resolve_device(device: str, backend: str, world_size: int) -> str:
             raise ValueError("backend='nccl' works on CUDA tensors only; use device='cuda'")
         return "cpu"
     if device in ("cuda", "cuda:{rank}"):
+        if backend in CPU_ONLY_BACKENDS:
+            raise ValueError(
+                f"backend={backend!r} moves CPU tensors only (its ranks exchange host memory); "
+                "it cannot serve device='cuda'. Use device='cpu' with it, or backend='nccl' "
+                "(or 'auto') for CUDA tensors."
+            )
         gpus = _gpu_count()
         if gpus < world_size:
             raise RuntimeError(

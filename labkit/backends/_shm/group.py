@@ -114,7 +114,10 @@ class ShmProcessGroup(CollectiveCalls, PythonProcessGroup):
             try:
                 if desc.error:
                     self._ex.arrive(desc)  # raises ArgumentError on every rank
-                fn()
+                # c10d moves data outside autograd, as gloo does: tensors that require grad
+                # (DDP with create_graph=True) are reduced in place like any other.
+                with torch.no_grad():
+                    fn()
             except (ArgumentError, MismatchError):
                 self._ex.next_round()  # every rank stops at the same point: still in step
                 raise

@@ -15,9 +15,11 @@ that operation's ``Work``: ``wait()`` raises a RuntimeError naming both ranks.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 
 import torch
@@ -27,6 +29,15 @@ from labkit.backends._shm.mailbox import InBox, OutBox, dtype_code, dtype_of
 from labkit.backends._shm.sync import CHECK_EVERY_S, Waiter
 
 IDLE_EXIT_S = 1.0
+JOIN_S = 10.0  # close() waits at most this long for the progress thread (it takes ~1 ms)
+_open: weakref.WeakSet[PointToPoint] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At interpreter exit, before daemon threads are stopped: close every group's p2p."""
+    for p2p in list(_open):
+        p2p.close()
 
 
 class _Op:
@@ -35,8 +46,12 @@ class _Op:
     def __init__(self, kind, peer, tag, tensor, timeout_s, order) -> None:
         self.kind, self.peer, self.tag, self.user = kind, peer, tag, tensor
         self.work = FutureWork()
-        # Bytes to move: a contiguous tensor (a copy, for a non-contiguous user tensor).
-        self.buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+        # Bytes to move: a contiguous tensor (a copy, for a non-contiguous user tensor),
+        # detached: c10d moves data outside autograd, so a tensor that requires grad (DDP
+        # with create_graph=True) is read and written like any other.
+        data = tensor.detach()
+        self.copied = not data.is_contiguous()
+        self.buf = data.contiguous() if self.copied else data
         self.data = self.buf.reshape(-1).view(torch.uint8)
         self.dtype_code, self.numel = dtype_code(tensor.dtype), tensor.numel()
         self.deadline = time.monotonic() + timeout_s
@@ -78,6 +93,7 @@ class PointToPoint:
         self.recvs: list[_Op] = []  # posted, in post order (peer -1: any source)
         self.unexpected: dict[int, deque] = {s: deque() for s in self.inb}
         self.broken: dict[int, str] = {}  # peer -> why its pair can no longer be used
+        _open.add(self)
 
     # -- called by the group (any thread) -------------------------------------------------
     def post(self, kind: str, peer: int, tag: int, tensor: torch.Tensor) -> FutureWork:
@@ -97,9 +113,20 @@ class PointToPoint:
         return op.work
 
     def close(self) -> None:
+        """Fail what is still pending, stop the progress thread and wait until it has exited.
+
+        The thread is a daemon (a pending recv must not keep the interpreter alive), and a
+        daemon thread still running when the interpreter finalizes is stopped inside
+        whatever torch call it is in: that aborts the process ("terminate called without an
+        active exception", SIGABRT) after a clean ``destroy_process_group()``. So closing
+        joins it, and ``_close_all`` does the same at exit for groups never destroyed.
+        """
         with self._lock:
             self._closed = True
             self._lock.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_S)
 
     # -- the progress thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -226,8 +253,8 @@ class PointToPoint:
         return False
 
     def _complete(self, op: _Op, source: int) -> None:
-        if op.kind == "recv" and op.buf is not op.user:
-            op.user.copy_(op.buf)
+        if op.kind == "recv" and op.copied:
+            op.user.detach().copy_(op.buf)
         op.work.complete([op.user], source_rank=source)
 
     # -- failures --------------------------------------------------------------------------
@@ -241,7 +268,7 @@ class PointToPoint:
             if gone and len(gone) == len(peers) and not self._data_waiting(op):
                 self._fail(op, gone[0])
             elif now > op.deadline:
-                self._fail(op, f"timed out after {self.timeout_s:g} s")
+                self._fail(op, f"Timed out after {self.timeout_s:g} s")
 
     def _data_waiting(self, op: _Op) -> bool:
         if op.kind == "send":

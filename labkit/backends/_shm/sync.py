@@ -206,8 +206,10 @@ class Rounds:
         if why:
             raise GroupFailure(f"labkit_shm: {what}: {why} (rank {self.rank} was waiting for it)")
         if time.monotonic() - since > self.timeout_s:
+            # "Timed out", c10d's word (gloo: "Timed out waiting ..."), which callers and
+            # PyTorch's own tests match.
             raise GroupFailure(
-                f"labkit_shm: {what} timed out on rank {self.rank} after {self.timeout_s:g} s "
+                f"labkit_shm: {what} on rank {self.rank}: Timed out after {self.timeout_s:g} s "
                 f"waiting for rank {r}, {self._where(r)}"
             )
 

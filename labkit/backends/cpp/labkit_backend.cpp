@@ -227,15 +227,16 @@ class StoreBackend : public c10d::Backend {
   }
 
   // A peer that never arrives (it crashed, or calls collectives in another order) ends the
-  // wait after the group's timeout with a message that names what was awaited.
+  // wait after the group's timeout with a message that names what was awaited ("Timed out",
+  // c10d's word, which callers and PyTorch's own tests match).
   void waitFor(const std::string& key, const std::string& what) {
     try {
       store_->wait({key}, timeout_);
-    } catch (const c10::DistStoreError& e) {
+    } catch (const c10::Error& e) {  // TCPStore: DistStoreError; FileStore: "Wait timeout"
       C10_THROW_ERROR(
           DistStoreError,
           c10::str(
-              "labkit_cpp: timed out after ", timeout_.count(), " ms waiting for ", what,
+              "labkit_cpp: Timed out after ", timeout_.count(), " ms waiting for ", what,
               " (", key, "); does every rank call the same collectives in the same order? ",
               e.what_without_backtrace()));
     }

@@ -19,7 +19,12 @@ from labkit.trace import COMM, span
 __all__ = ["ModelSplit", "StepResult", "split_model"]
 
 # One message per step and direction between neighbours (r → r+1 activations, r+1 → r
-# gradients), so plain tag-0 send/recv match in order, on gloo and NCCL alike.
+# gradients), so plain tag-0 send/recv match in order, on gloo and NCCL alike. The p2p is
+# safe on NCCL without batching: a rank never has a send and a receive outstanding at once,
+# and it only ever waits for the neighbour the data comes from (r-1 in forward, r+1 in
+# backward), so the waits form a chain 0 → p-1 → 0 and never a cycle, even while NCCL
+# creates the pair's communicator at its first message. Every send and receive waits at
+# most ``timeout_s`` (tests/test_pipeline_p2p.py checks the order).
 
 
 def split_model(

@@ -10,12 +10,15 @@ scaled by ``1/m`` so the sum over micro-batches is the mean over the whole batch
 it receives the output's gradient (or starts from the loss), runs the backward — parameter
 gradients accumulate over micro-batches — and sends the input's gradient back.
 
-Why it cannot deadlock: sends are non-blocking (``isend``, completed at the end of the
-step) and every receive waits for an action that a valid schedule puts in an earlier slot,
-which itself only waits for earlier slots. Messages carry a tag naming the stage boundary,
-the micro-batch and the direction, so on gloo a receive matches its send whatever order they
-travel; backends that ignore tags (NCCL) need ``messages_in_order``, which every generated
-schedule satisfies.
+Why it cannot deadlock: sends are non-blocking (completed at the end of the step) and every
+receive waits for an action that a valid schedule puts in an earlier slot, which itself only
+waits for earlier slots. On NCCL, separate sends and receives to different peers could still
+wait on each other while NCCL creates its communicators, so each action's receive is issued
+together with the sends of the action before it as one ``dist.batch_isend_irecv``
+(``labkit.parallel.pipeline.p2p``), and every receive waits at most ``timeout_s``. Messages
+carry a tag naming the stage boundary, the micro-batch and the direction, so on gloo a
+receive matches its send whatever order they travel; backends that ignore tags (NCCL) need
+``messages_in_order``, which every generated schedule satisfies.
 
 Each action is recorded as a ``lk.trace.span`` named after it (``"1F0"``, kind ``"compute"``,
 with ``stage``, ``op``, ``microbatch`` arguments) and each wait for a message as a span of
@@ -27,11 +30,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from labkit.parallel.pipeline.p2p import Exchange
 from labkit.parallel.pipeline.schedules import Action, rank_of_stage
 from labkit.parallel.pipeline.split import output_shapes, split_sequential
 from labkit.trace import COMM, span
@@ -126,13 +131,19 @@ def _tag(stage: int, microbatch: int, n_microbatches: int, grad: bool) -> int:
 
 
 class _Wire:
-    """Send/recv between stages in a group; a stage's neighbour on the same rank is local."""
+    """Send/recv between stages in a group; a stage's neighbour on the same rank is local.
 
-    def __init__(self, group: dist.ProcessGroup | None, n_ranks: int) -> None:
-        self.group, self.n_ranks = group, n_ranks
+    A send is queued and issued with the next action's receive as one
+    ``dist.batch_isend_irecv`` (``labkit.parallel.pipeline.p2p.Exchange``), or on its own
+    when that action receives nothing, so that no step's send and receive wait on each other
+    on NCCL; every receive waits at most ``timeout``.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, n_ranks: int, timeout: timedelta):
+        self.n_ranks = n_ranks
         self.me = dist.get_rank(group)
         self.local: dict[int, torch.Tensor] = {}
-        self.pending: list[dist.Work] = []
+        self.ex = Exchange(group, timeout)
         self.n_sends = 0
 
     def send(self, t: torch.Tensor, to_stage: int, tag: int) -> None:
@@ -141,22 +152,25 @@ class _Wire:
         if dst == self.me:
             self.local[tag] = t
             return
-        self.pending.append(dist.isend(t, group=self.group, group_dst=dst, tag=tag))
+        self.ex.send(t, dst, tag)
         self.n_sends += 1
 
     def recv(self, like: torch.Tensor, shape: Sequence[int], from_stage: int, tag: int):
         src = rank_of_stage(from_stage, self.n_ranks)
         if src == self.me:
+            self.ex.flush()
             return self.local.pop(tag)
         buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
         with span("recv", kind=COMM, peer=src, tag=tag):
-            dist.irecv(buf, group=self.group, group_src=src, tag=tag).wait()
+            self.ex.recv(buf, src, tag)
         return buf
 
+    def flush(self) -> None:
+        """Issue queued sends now: the next action receives nothing."""
+        self.ex.flush()
+
     def finish(self) -> None:
-        for w in self.pending:
-            w.wait()
-        self.pending.clear()
+        self.ex.finish()
 
 
 def run_schedule(
@@ -168,6 +182,7 @@ def run_schedule(
     shapes: Sequence[Sequence[int]],
     group: dist.ProcessGroup | None = None,
     compute_s: float = 0.0,
+    timeout_s: float = 300.0,
 ) -> PipelineResult:
     """Run this rank's row of ``schedule``: one training step's forwards and backwards.
 
@@ -191,6 +206,7 @@ def run_schedule(
             runs row ``r``.
         compute_s: extra seconds each action sleeps inside its span, emulating compute that
             is large next to communication (B = F, as in the schedules' time model).
+        timeout_s: the longest any receive (or, at the end, a send) may wait.
 
     Returns:
         PipelineResult: the loss (last stage's rank), peak activations in flight per stage,
@@ -210,7 +226,7 @@ def run_schedule(
             f"backend {dist.get_backend(group)!r} may match messages in order only (NCCL "
             "ignores tags), and this schedule receives some messages out of order; use gloo"
         )
-    wire = _Wire(group, n_ranks)
+    wire = _Wire(group, n_ranks, timedelta(seconds=timeout_s))
     n_stages, m = len(shapes), len(inputs)
     last = n_stages - 1
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -224,6 +240,7 @@ def run_schedule(
         s, i = a.stage, a.microbatch
         if a.op == "F":
             if s == 0:
+                wire.flush()
                 x = inputs[i]
             else:
                 x = wire.recv(inputs[i], shapes[s - 1], s - 1, _tag(s - 1, i, m, False))
@@ -242,7 +259,9 @@ def run_schedule(
             x, y = saved.pop((s, i))
             live[s] -= 1
             dy = None
-            if s < last:
+            if s == last:
+                wire.flush()
+            else:
                 dy = wire.recv(y, shapes[s], s + 1, _tag(s, i, m, True))
             with span(str(a), stage=s, op="B", microbatch=i):
                 y.backward(dy)
