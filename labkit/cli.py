@@ -25,6 +25,7 @@ examples:
   labkit course run --fast                 run every notebook with fast=True
   labkit course run --only 00,03           run notebooks 00 and 03 only
   labkit course run --world-size 2 --backend gloo --output /tmp/course
+  labkit course run --device cuda --backend nccl --world-size 2 --param seed=3
   labkit course list                       show the notebooks and their parameters
   labkit doctor                            check Python, torch, backends and ports
   labkit bench --world-size 4 --sizes 1K 1M time all_reduce: time, algbw, busbw per size
@@ -34,7 +35,10 @@ exit status: 0 when everything passed, 1 when a notebook (or check) failed, 2 on
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -88,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--world-size", type=_positive_int, metavar="N", help="ranks to launch")
     run.add_argument("--backend", metavar="B", help='process-group backend, e.g. "gloo", "nccl"')
+    run.add_argument(
+        "--device",
+        metavar="D",
+        help="auto, cpu or cuda (rank r on GPU r; refused when no CUDA GPU is visible)",
+    )
+    run.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another parameter, repeatable; VALUE is a Python literal if it parses as one "
+        "(--param seed=3), else a string",
+    )
     run.add_argument(
         "--output",
         default=DEFAULT_OUTPUT_DIR,
@@ -200,7 +217,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _course_run(args: argparse.Namespace) -> int:
-    from labkit.course import find_notebooks, run_course, select_notebooks
+    from labkit.course import course_parameters, find_notebooks, run_course, select_notebooks
 
     try:
         notebooks = select_notebooks(find_notebooks(args.notebooks), args.only)
@@ -210,13 +227,17 @@ def _course_run(args: argparse.Namespace) -> int:
     if not notebooks:
         print("labkit: error: no notebooks named NN_*.ipynb to run", file=sys.stderr)
         return 2
-    parameters: dict[str, object] = {}
-    if args.fast:
-        parameters["fast"] = True
-    if args.world_size is not None:
-        parameters["world_size"] = args.world_size
-    if args.backend is not None:
-        parameters["backend"] = args.backend
+    try:
+        parameters = course_parameters(
+            fast=args.fast,
+            world_size=args.world_size,
+            backend=args.backend,
+            device=args.device,
+            params=args.param,
+        )
+    except ValueError as exc:
+        print(f"labkit: error: {exc}", file=sys.stderr)
+        return 2
     results = run_course(
         args.notebooks,
         args.output,

@@ -12,11 +12,13 @@ From Python::
     results = run_course(parameters={"fast": True})   # writes course-output/report.html
 
 ``run.py`` executes notebooks, ``readback.py`` reads records, figures and errors out of an
-executed notebook, ``report.py`` writes ``summary.json`` and ``report.html``.
+executed notebook, ``report.py`` writes ``summary.json`` and ``report.html``, ``args.py``
+checks the command's parameters before any notebook runs.
 """
 
 from __future__ import annotations
 
+from labkit.course.args import course_parameters, parse_param
 from labkit.course.readback import NotebookError, read_executed
 from labkit.course.report import machine_info, render_html, write_report
 from labkit.course.run import (
@@ -37,10 +39,12 @@ __all__ = [
     "DEFAULT_OUTPUT_DIR",
     "NotebookError",
     "NotebookResult",
+    "course_parameters",
     "declared_parameters",
     "default_notebooks_dir",
     "find_notebooks",
     "machine_info",
+    "parse_param",
     "read_executed",
     "render_html",
     "run_course",

@@ -141,7 +141,8 @@ class NotebookResult:
 
     ``status`` is ``"ok"`` or ``"failed"``; ``records`` are the ``lk.record`` values read back
     from the executed notebook; ``figures`` counts its PNG outputs; on failure ``error`` says
-    what was raised and ``failing_cell`` holds the source of the cell that raised.
+    what was raised and ``failing_cell`` holds the source of the cell that raised;
+    ``launches`` lists the backend, device and world size each launch actually used.
     """
 
     name: str
@@ -154,6 +155,8 @@ class NotebookResult:
     figures: int = 0
     error: NotebookError | None = None
     failing_cell: str | None = None
+    # What each lk.launch in the notebook resolved to: {"backend", "device", "world_size"}.
+    launches: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -171,6 +174,7 @@ class NotebookResult:
             "parameters": self.parameters,
             "records": self.records,
             "figures": self.figures,
+            "launches": self.launches,
             "error": self.error.to_dict() if self.error else None,
             "failing_cell": self.failing_cell,
         }

@@ -14,6 +14,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +44,9 @@ def machine_info() -> dict[str, Any]:
     Introduced in notebooks/00_setup_and_launcher.ipynb.
 
     Returns:
-        A JSON-ready dict; ``gpus`` is a list of ``"name (N GiB)"`` (empty without CUDA).
+        A JSON-ready dict; ``gpus`` is a list of ``"name (N GiB)"`` (empty without CUDA);
+        ``cuda_runtime``, ``nvidia_driver`` and ``nccl`` are versions or ``"none"`` (see
+        :func:`gpu_stack`).
     """
     info: dict[str, Any] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -71,10 +75,85 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         info["torch"] = None
         info["gpus"] = []
+    info.update(gpu_stack())
     from labkit import __version__
 
     info["labkit"] = __version__
     return info
+
+
+def nvidia_driver_version() -> str:
+    """The NVIDIA driver version, from ``nvidia-smi`` (or NVML via ``pynvml``); else "none".
+
+    Returns:
+        e.g. ``"570.124.06"``, or ``"none"`` when neither answers.
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            done = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            lines = done.stdout.split()
+            if done.returncode == 0 and lines:
+                return lines[0]  # one line per GPU, all the same driver
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no pynvml, no libnvidia-ml, no driver: all mean "none"
+        return "none"
+
+
+def gpu_stack() -> dict[str, str]:
+    """CUDA runtime, NVIDIA driver and NCCL versions, without initialising CUDA here.
+
+    The CUDA runtime is the one torch was built with and ships (``torch.version.cuda``); NCCL's
+    version (``torch.cuda.nccl.version()``, which asks the library, not a GPU) is read only
+    when a CUDA GPU is visible (``torch.cuda.device_count()``, NVML-based).
+
+    Returns:
+        ``{"cuda_runtime": ..., "nvidia_driver": ..., "nccl": ...}``, each ``"none"`` if absent.
+    """
+    info = {"cuda_runtime": "none", "nvidia_driver": nvidia_driver_version(), "nccl": "none"}
+    try:
+        import torch
+    except ImportError:
+        return info
+    info["cuda_runtime"] = torch.version.cuda or "none"
+    if torch.version.cuda and torch.cuda.device_count() > 0:
+        try:
+            info["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+        except (RuntimeError, AttributeError, TypeError):
+            pass  # a CUDA build without NCCL
+    return info
+
+
+def launches_text(launches: Sequence[dict[str, Any]]) -> str:
+    """What a notebook's ranks ran on, e.g. ``"gloo/cpu ×2 (3 launches), nccl/cuda ×4"``.
+
+    Args:
+        launches: a result's ``launches`` (backend, device, world_size per launch).
+
+    Returns:
+        Distinct combinations in first-seen order, or ``"no launch"``.
+    """
+    counts: dict[tuple, int] = {}
+    for la in launches:
+        key = (la["backend"], la["device"], la["world_size"])
+        counts[key] = counts.get(key, 0) + 1
+    parts = [
+        f"{b}/{d} ×{w}" + (f" ({n} launches)" if n > 1 else "") for (b, d, w), n in counts.items()
+    ]
+    return ", ".join(parts) or "no launch"
 
 
 def write_report(
@@ -148,6 +227,7 @@ def _section(result: NotebookResult, output_dir: Path) -> list[str]:
         f"{_e(result.status)}</span></h2>",
         f"<p>{result.seconds:.1f} s · parameters: "
         f"{_e(json.dumps(result.parameters)) if result.parameters else 'defaults'} · "
+        f"ranks ran on: {_e(launches_text(result.launches))} · "
         f'executed notebook: <a href="{_e(_link(result, output_dir))}">'
         f"{_e(result.output_path.name)}</a></p>",
     ]
@@ -209,13 +289,14 @@ def render_html(
         shown = (", ".join(value) or "none") if isinstance(value, list) else value
         parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
     parts.append("</table><h2>Notebooks</h2><table>")
-    parts.append("<tr><th>notebook</th><th>status</th><th>seconds</th><th>recorded</th>")
-    parts.append("<th>figures</th></tr>")
+    parts.append("<tr><th>notebook</th><th>status</th><th>seconds</th>")
+    parts.append("<th>backend/device ×ranks</th><th>recorded</th><th>figures</th></tr>")
     for r in results:
         parts.append(
             f'<tr><td><a href="#{_anchor(r.name)}">{_e(r.name)}</a></td>'
             f'<td><span class="status {_e(r.status)}">{_e(r.status)}</span></td>'
-            f'<td class="num">{r.seconds:.1f}</td><td class="num">{len(r.records)}</td>'
+            f'<td class="num">{r.seconds:.1f}</td><td>{_e(launches_text(r.launches))}</td>'
+            f'<td class="num">{len(r.records)}</td>'
             f'<td class="num">{r.figures}</td></tr>'
         )
     parts.append("</table>")

@@ -8,9 +8,12 @@ Introduced in notebooks/00_setup_and_launcher.ipynb (``labkit course run`` in it
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from labkit.course.readback import (
     source_cell,
     strip_ansi,
 )
+from labkit.launcher.launch_log import LAUNCH_LOG_ENV, read_launch_log
 
 _COURSE_NAME = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_CELL_TIMEOUT_S = 600.0
@@ -117,7 +121,8 @@ def run_notebook(
 
     Only the parameters the notebook declares are injected, so ``fast=True`` can be offered to
     every notebook. The kernel runs in the notebook's folder. A failing notebook is reported in
-    the result (its executed copy keeps the traceback), not raised.
+    the result (its executed copy keeps the traceback), not raised. The kernel inherits
+    ``LABKIT_LAUNCH_LOG``, so each launch in it notes the backend and device it resolved to.
 
     Introduced in notebooks/00_setup_and_launcher.ipynb.
 
@@ -152,6 +157,10 @@ def run_notebook(
 
     passed: dict[str, Any] = {}
     failure: Exception | None = None
+    log_dir = tempfile.TemporaryDirectory(prefix="labkit-launches-")
+    launch_log = Path(log_dir.name) / "launches.jsonl"
+    saved_env = os.environ.get(LAUNCH_LOG_ENV)
+    os.environ[LAUNCH_LOG_ENV] = str(launch_log)  # the kernel inherits it; see launch_log.py
     start = time.perf_counter()
     try:
         declared = declared_parameters(path)  # fails too on a notebook that is not valid JSON
@@ -170,7 +179,14 @@ def run_notebook(
         )
     except Exception as exc:  # a failing notebook is a result, not a crash
         failure = exc
+    finally:
+        if saved_env is None:
+            os.environ.pop(LAUNCH_LOG_ENV, None)
+        else:
+            os.environ[LAUNCH_LOG_ENV] = saved_env
     seconds = time.perf_counter() - start
+    launches = [asdict(launch) for launch in read_launch_log(launch_log)]
+    log_dir.cleanup()
 
     executed = nbformat.read(output_path, as_version=4) if output_path.exists() else {}
     back = read_executed(executed)
@@ -198,6 +214,7 @@ def run_notebook(
         figures=len(back.figures),
         error=error,
         failing_cell=failing_cell,
+        launches=launches,
     )
 
 

@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass
 
 from labkit.launcher._backend_spec import BackendSpec
+from labkit.launcher.launch_log import note_launch
 
 # Backends that labkit implements itself: name -> module whose import registers it with
 # torch.distributed. The ranks import the module before init_process_group.
@@ -208,6 +209,7 @@ def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
     backend, spec = resolve_backend(backend, world_size, device)
     device = resolve_device(device, backend, world_size)
     threads = max(1, (os.cpu_count() or 1) // world_size)
+    note_launch(backend, device, world_size)  # what "auto" became, for the course report
     return Plan(
         world_size,
         backend,
