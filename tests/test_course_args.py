@@ -282,3 +282,18 @@ def test_notebook_launches_are_read_back(tmp_path: Path, monkeypatch: pytest.Mon
     assert result.parameters == {"world_size": 2, "device": "cpu"}
     assert result.launches == [{"backend": "gloo", "device": "cpu", "world_size": 2}]
     assert launch_log.LAUNCH_LOG_ENV not in __import__("os").environ  # restored
+
+
+def test_machine_info_lists_gpus_without_initialising_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from labkit.preflight import gpu
+
+    found = gpu.GpuQuery((gpu.Gpu("NVIDIA H200", 143771, 0),) * 2, "nvidia-smi")
+    monkeypatch.setattr(gpu, "query_gpus", lambda: found)
+    info = report.machine_info()
+    assert info["gpus"] == ["NVIDIA H200 (140 GiB)"] * 2
+    assert {"cuda_runtime", "nvidia_driver", "nccl"} <= set(info)
+    assert not torch.cuda.is_initialized()

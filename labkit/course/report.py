@@ -66,15 +66,13 @@ def machine_info() -> dict[str, Any]:
         import torch
 
         info["torch"] = torch.__version__
-        gpus = []
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                props = torch.cuda.get_device_properties(i)
-                gpus.append(f"{props.name} ({props.total_memory / 2**30:.0f} GiB)")
-        info["gpus"] = gpus
     except ImportError:
         info["torch"] = None
-        info["gpus"] = []
+    # nvidia-smi (or torch in a subprocess): CUDA stays uninitialised in this process, which
+    # may be a notebook kernel that forks ranks afterwards.
+    from labkit.preflight.gpu import query_gpus
+
+    info["gpus"] = [f"{g.name} ({g.memory_total_mib / 1024:.0f} GiB)" for g in query_gpus().gpus]
     info.update(gpu_stack())
     from labkit import __version__
 
