@@ -219,15 +219,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _course_run(args: argparse.Namespace) -> int:
     from labkit.course import course_parameters, find_notebooks, run_course, select_notebooks
 
-    try:
+    try:  # every refusal happens here, before any notebook runs
         notebooks = select_notebooks(find_notebooks(args.notebooks), args.only)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"labkit: error: {exc}", file=sys.stderr)
-        return 2
-    if not notebooks:
-        print("labkit: error: no notebooks named NN_*.ipynb to run", file=sys.stderr)
-        return 2
-    try:
         parameters = course_parameters(
             fast=args.fast,
             world_size=args.world_size,
@@ -235,8 +228,11 @@ def _course_run(args: argparse.Namespace) -> int:
             device=args.device,
             params=args.param,
         )
-    except ValueError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"labkit: error: {exc}", file=sys.stderr)
+        return 2
+    if not notebooks:
+        print("labkit: error: no notebooks named NN_*.ipynb to run", file=sys.stderr)
         return 2
     results = run_course(
         args.notebooks,

@@ -53,20 +53,23 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     return seen
 
 
-def _gpus(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
-    monkeypatch.setattr(course_args, "cuda_device_count", lambda: n)
+@pytest.fixture
+def cli(notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``cli(gpus, *flags)``: ``labkit course run`` with ``gpus`` CUDA GPUs mocked."""
 
+    def run(gpus: int, *flags: str) -> tuple[int, str]:
+        monkeypatch.setattr(course_args, "cuda_device_count", lambda: gpus)
+        err = io.StringIO()
+        out = tmp_path / "out"
+        argv = ["course", "run", "--no-progress", "--notebooks", str(notebooks)]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                code = main([*argv, "--output", str(out), *flags])
+            except SystemExit as exc:  # argparse's own refusals (--world-size) exit 2 this way
+                code = exc.code
+        return code, err.getvalue()
 
-def _run(notebooks: Path, tmp_path: Path, *flags: str) -> tuple[int, str]:
-    err = io.StringIO()
-    out = tmp_path / "out"
-    argv = ["course", "run", "--no-progress", "--notebooks", str(notebooks), "--output", str(out)]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv + list(flags))
-        except SystemExit as exc:  # argparse's own refusals (--world-size) exit 2 this way
-            code = exc.code
-    return code, err.getvalue()
+    return run
 
 
 BAD = [
@@ -90,16 +93,9 @@ BAD = [
 
 @pytest.mark.parametrize(("gpus", "flags", "message"), BAD, ids=[" ".join(b[1]) for b in BAD])
 def test_bad_values_exit_2_before_any_notebook(
-    notebooks: Path,
-    tmp_path: Path,
-    calls: list[dict],
-    monkeypatch: pytest.MonkeyPatch,
-    gpus: int,
-    flags: list[str],
-    message: str,
+    cli, calls: list[dict], tmp_path: Path, gpus: int, flags: list[str], message: str
 ) -> None:
-    _gpus(monkeypatch, gpus)
-    code, stderr = _run(notebooks, tmp_path, *flags)
+    code, stderr = cli(gpus, *flags)
     assert code == 2
     assert message in stderr
     assert calls == []
@@ -120,16 +116,9 @@ GOOD = [
 
 @pytest.mark.parametrize(("gpus", "flags", "expected"), GOOD, ids=[" ".join(g[1]) for g in GOOD])
 def test_good_values_reach_run_course(
-    notebooks: Path,
-    tmp_path: Path,
-    calls: list[dict],
-    monkeypatch: pytest.MonkeyPatch,
-    gpus: int,
-    flags: list[str],
-    expected: dict,
+    cli, calls: list[dict], gpus: int, flags: list[str], expected: dict
 ) -> None:
-    _gpus(monkeypatch, gpus)
-    code, stderr = _run(notebooks, tmp_path, *flags)
+    code, stderr = cli(gpus, *flags)
     assert code == 0, stderr
     assert len(calls) == 1
     assert calls[0]["parameters"] == expected
