@@ -29,12 +29,7 @@ from labkit.preflight.gpu import GpuQuery
 MIN_DRIVER_FOR_MAJOR = {11: (450,), 12: (525,), 13: (580,)}
 # NVIDIA, CUDA Toolkit Release Notes, "CUDA Toolkit and Corresponding Driver Versions"
 # (Linux x86_64, GA releases): the driver each toolkit ships with and fully supports.
-TOOLKIT_DRIVER = {
-    "12.6": (560, 28, 3),
-    "12.8": (570, 26),
-    "12.9": (575, 51, 3),
-    "13.0": (580, 65, 6),
-}
+TOOLKIT_DRIVER = {"12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
 # Integrated GPUs (Jetson: 5.3, 6.2, 7.2, 8.7, Thor 10.1) run only code built for themselves;
 # CUDA 13 renamed Thor 10.1 to 11.0. Source: torch/cuda/__init__.py, DEVICE_REQUIREMENT.
 IGPU_CCS = {(5, 3), (6, 2), (7, 2), (8, 7), (10, 1)}
@@ -105,8 +100,7 @@ def driver_problem(driver: str, cuda: str) -> str:
     floor = MIN_DRIVER_FOR_MAJOR[want[0]]
     if have >= floor:
         return ""
-    shipped = TOOLKIT_DRIVER.get(".".join(map(str, want[:2])))
-    need = ".".join(map(str, shipped)) if shipped else f"{floor[0]}"
+    need = TOOLKIT_DRIVER.get(".".join(map(str, want[:2])), str(floor[0]))
     return (
         f"driver {driver} is older than torch's CUDA {cuda} needs: CUDA {want[0]}.x runs on "
         f"drivers >= {floor[0]} (minor version compatibility), CUDA {cuda} ships with {need}"
