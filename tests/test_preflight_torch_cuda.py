@@ -13,7 +13,7 @@ from labkit.preflight import host as host
 from labkit.preflight import torch_cuda as tc
 from labkit.preflight.gpu import Gpu, GpuQuery
 
-# torch 2.13's CUDA 13.0 x86_64 build (torch.cuda.PYTORCH_RELEASES_CODE_CC["13.0"]).
+# torch 2.13's CUDA 13.0 x86_64 build (torch.cuda.PYTORCH_RELEASES_CODE_CC["13.0"], checked below).
 CU130_ARCH = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 H100 = Gpu("NVIDIA H100 80GB HBM3", 81559, 1, "580.65.06", (9, 0))
 V100 = Gpu("Tesla V100-SXM2-32GB", 32768, 0, "580.65.06", (7, 0))
@@ -118,10 +118,30 @@ def test_unsupported_compute_capability(cuda_build):
         "no kernels for GPU(s) 0: Tesla V100-SXM2-32GB (7.0), 1: Tesla V100-SXM2-32GB (7.0); "
         "torch is built for " + " ".join(CU130_ARCH)
     )
-    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" in (
+    assert check.fix.startswith("install the CUDA 12.6 build, which has kernels for them")
+    assert "`pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126`" in (
         check.fix
     )
     assert "CUDA_VISIBLE_DEVICES" not in check.fix
+
+
+def test_a_gpu_no_build_supports(cuda_build):
+    k80 = Gpu("Tesla K80", 11441, 0, "580.65.06", (3, 7))
+    check = tc.assess_torch_cuda(smi(k80), seen(1)).check
+    assert check.status == "warn"
+    assert (
+        check.fix
+        == "no x86_64 CUDA build of torch 2.13 has kernels for them: run the course on CPU"
+    )
+
+
+def test_the_pinned_wheels_tables_are_torchs_own():
+    # The CUDA 13.0 wheel has no Volta kernels; the CUDA 12.6 build does (torch 2.13's table).
+    releases = torch.cuda.PYTORCH_RELEASES_CODE_CC
+    assert {f"sm_{cc}" for cc in releases["13.0"]["x86_64"]} == set(CU130_ARCH)
+    assert {a * 10 + b for a, b in tc.CU126_CODE_CC} == releases["12.6"]["x86_64"]
+    assert not any(tc.code_runs_on(code, (7, 0)) for code in CU130_ARCH)
+    assert tc.code_runs_on("sm_75", (7, 5))
 
 
 def test_one_unsupported_gpu_of_two_leaves_one(cuda_build):
@@ -189,3 +209,16 @@ def test_world_size_advice_follows_the_usable_gpus(monkeypatch, n_gpus, advice):
         n_gpus > 0
     )
     assert f"world_size={n_gpus}" not in detail  # no advice to set world_size to the GPU count
+
+
+def test_the_real_probe_answers_from_a_subprocess():
+    # This machine's torch is the CPU build: the child says False and sees nothing.
+    probe = tc.probe_torch_cuda()
+    assert probe == tc.TorchCuda(torch.cuda.is_available(), 0, (), (), ())
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_probe_that_does_not_answer(monkeypatch):
+    monkeypatch.setattr(tc.sys, "executable", "/nonexistent/python")
+    probe = tc.probe_torch_cuda()
+    assert probe.available is None and "did not answer" in probe.error

@@ -33,6 +33,8 @@ TOOLKIT_DRIVER = {"12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "1
 # Integrated GPUs (Jetson: 5.3, 6.2, 7.2, 8.7, Thor 10.1) run only code built for themselves;
 # CUDA 13 renamed Thor 10.1 to 11.0. Source: torch/cuda/__init__.py, DEVICE_REQUIREMENT.
 IGPU_CCS = {(5, 3), (6, 2), (7, 2), (8, 7), (10, 1)}
+# torch 2.13's CUDA 12.6 x86_64 release build: torch.cuda.PYTORCH_RELEASES_CODE_CC["12.6"].
+CU126_CODE_CC = ((5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0))
 PROBE_TIMEOUT_S = 60.0
 CUDA_WHEELS = "https://download.pytorch.org/whl"
 
@@ -213,11 +215,13 @@ def assess_torch_cuda(query: GpuQuery, probe: TorchCuda | None = None) -> Verdic
         listed = ", ".join(f"{i}: {gpus[i].name} ({caps[i][0]}.{caps[i][1]})" for i in bad)
         good = [str(i) for i in range(len(caps)) if i not in bad]
         detail = f"{seen}\nno kernels for GPU(s) {listed}; torch is built for {' '.join(arch)}"
-        fix = (
-            f"install a torch {_pin()} build with kernels for them: `pip install torch=={_pin()} "
-            f"--index-url {CUDA_WHEELS}/cu126` (on x86_64 torch's CUDA 12.6 builds carry "
-            "5.0, 6.0, 7.0, 7.5, 8.0, 8.6 and 9.0: torch.cuda.PYTORCH_RELEASES_CODE_CC)"
-        )
+        if all(any(code_runs_on(f"sm_{a}{b}", caps[i]) for a, b in CU126_CODE_CC) for i in bad):
+            fix = (
+                f"install the CUDA 12.6 build, which has kernels for them (on x86_64: 5.0 to 9.0): "
+                f"`pip install torch=={_pin()} --index-url {CUDA_WHEELS}/cu126`"
+            )
+        else:
+            fix = "no x86_64 CUDA build of torch 2.13 has kernels for them: run the course on CPU"
         if good:
             fix += f"; or use only the others: CUDA_VISIBLE_DEVICES={','.join(good)}"
         return Verdict(Check("torch cuda", "warn", detail, fix), len(good))
