@@ -201,7 +201,8 @@ def assess_torch_cuda(query: GpuQuery, probe: TorchCuda | None = None) -> Verdic
     driver = gpus[0].driver_version
     old_driver = driver_problem(driver, cuda) if cuda else ""
     arch = probe.arch_list or arch
-    seen = f"{n} GPU(s) listed by {query.source}; torch CUDA {cuda or hip}, driver {driver or '?'}"
+    build = f"CUDA {cuda}" if cuda else f"ROCm {hip}"
+    seen = f"{n} GPU(s) listed by {query.source}; torch {build}, driver {driver or '?'}"
     if probe.available is False or (probe.available is None and old_driver):
         cause = old_driver or _visible_devices_problem() or " ".join(probe.warnings).strip()
         detail = f"{seen}\ntorch.cuda.is_available() is False: {cause or 'torch gave no reason'}"
