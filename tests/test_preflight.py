@@ -11,6 +11,8 @@ import torch
 import labkit as lk
 from labkit.preflight import host as doctor_host
 from labkit.preflight import stale as doctor_stale
+from labkit.preflight import torch_cuda as doctor_torch_cuda
+from tests.test_preflight_gpu import fake_nvidia_smi
 
 doctor_mod = importlib.import_module("labkit.preflight")  # the module, whatever lk.doctor is
 Check, DoctorReport = doctor_mod.Check, doctor_mod.DoctorReport
@@ -22,6 +24,7 @@ NAMES = [
     "gloo",
     "nccl",
     "gpus",
+    "torch cuda",
     "cuda state",
     "cpu",
     "memory",
@@ -152,8 +155,13 @@ def test_a_crashing_check_becomes_a_warning(monkeypatch):
     assert "RuntimeError: boom" in check.detail and "bug" in check.fix
 
 
-def test_doctor_never_initialises_cuda(monkeypatch, tmp_path):
-    touched = []
+FORBIDDEN = ("init", "_lazy_init", "is_available", "device_count", "get_device_properties",
+             "get_device_capability", "mem_get_info", "current_device", "set_device")  # fmt: skip
+H100_ROW = "echo 'NVIDIA H100 80GB HBM3, 81559 MiB, 1 MiB, 580.65.06, 9.0'\n"
+
+
+def forbid_cuda_calls(monkeypatch) -> list[str]:
+    touched: list[str] = []
 
     def forbidden(name):
         def call(*args, **kwargs):
@@ -162,9 +170,46 @@ def test_doctor_never_initialises_cuda(monkeypatch, tmp_path):
 
         return call
 
-    for name in ("init", "_lazy_init", "is_available", "device_count", "get_device_properties",
-                 "mem_get_info", "current_device", "set_device"):  # fmt: skip
+    for name in FORBIDDEN:
         monkeypatch.setattr(torch.cuda, name, forbidden(name))
+    return touched
+
+
+def test_doctor_with_gpus_listed_asks_torch_in_a_subprocess_only(monkeypatch, tmp_path):
+    # nvidia-smi lists 2 H100s and torch looks like the CUDA 13.0 wheel; this process must not
+    # initialise CUDA: the real probe runs in a child (whose CPU torch answers False).
+    fake_nvidia_smi(tmp_path, H100_ROW * 2)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    touched = forbid_cuda_calls(monkeypatch)
+    report = doctor_mod.doctor()
+    assert touched == []
+    assert not torch.cuda.is_initialized()
+    assert report["cuda state"].status == "ok"
+    assert report["gpus"].detail.startswith("2 GPU(s) via nvidia-smi")
+    check = report["torch cuda"]
+    assert check.status == "warn"
+    assert "torch.cuda.is_available() is False" in check.detail
+    assert "at most" not in report["cpu"].detail  # no GPU for NCCL: CPU advice only
+
+
+def test_doctor_world_size_advice_counts_the_gpus_torch_can_use(monkeypatch, tmp_path):
+    fake_nvidia_smi(tmp_path, H100_ROW * 2)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90"])
+    probe = doctor_torch_cuda.TorchCuda(True, 2, ((9, 0), (9, 0)), ("sm_80", "sm_90"))
+    monkeypatch.setattr(doctor_torch_cuda, "probe_torch_cuda", lambda: probe)
+    touched = forbid_cuda_calls(monkeypatch)
+    report = doctor_mod.doctor()
+    assert touched == [] and not torch.cuda.is_initialized()
+    assert report["torch cuda"].status == "ok"
+    assert "a notebook's world_size may be at most 2;" in report["cpu"].detail
+
+
+def test_doctor_never_initialises_cuda(monkeypatch, tmp_path):
+    touched = forbid_cuda_calls(monkeypatch)
     # Even on a "CUDA build" without nvidia-smi the doctor must ask a subprocess instead.
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setenv("PATH", str(tmp_path))

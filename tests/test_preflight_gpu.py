@@ -13,15 +13,16 @@ import torch.distributed as dist
 
 from labkit.preflight import gpu as gpu
 
-SMI_ARGS = "--query-gpu=name,memory.total,memory.used"
+SMI_ARGS = f"--query-gpu={gpu.SMI_FIELDS}"
 
 
-def fake_nvidia_smi(folder: Path, body: str) -> None:
+def fake_nvidia_smi(folder: Path, body: str, query: str = SMI_ARGS) -> None:
     """Put an ``nvidia-smi`` script in ``folder`` that insists on the doctor's exact query."""
     script = folder / "nvidia-smi"
     script.write_text(
         "#!/bin/sh\n"
-        f'[ "$1" = "{SMI_ARGS}" ] && [ "$2" = "--format=csv,noheader" ] || exit 3\n' + body
+        f'[ "$1" = "{query}" ] && [ "$2" = "--format=csv,noheader" ] || '
+        "{ echo 'Field \"compute_cap\" is not a valid field to query.'; exit 3; }\n" + body
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
@@ -56,11 +57,26 @@ def test_parse_gpu_csv():
         gpu.parse_gpu_csv("garbage")
 
 
+def test_parse_gpu_csv_with_driver_and_compute_capability():
+    text = (
+        "NVIDIA H100 80GB HBM3, 81559 MiB, 1 MiB, 580.65.06, 9.0\nX, 1 MiB, 0 MiB, 580.65.06, [N/A]"
+    )
+    assert gpu.parse_gpu_csv(text, 5) == (
+        gpu.Gpu("NVIDIA H100 80GB HBM3", 81559, 1, "580.65.06", (9, 0)),
+        gpu.Gpu("X", 1, 0, "580.65.06", None),
+    )
+    assert gpu.parse_gpu_csv("Tesla T4, 15360 MiB, 0 MiB, 470.82.01", 4)[0].driver_version == (
+        "470.82.01"
+    )
+    with pytest.raises(ValueError):
+        gpu.parse_gpu_csv("Tesla T4, 15360 MiB, 0 MiB", 5)
+
+
 def test_gpus_from_nvidia_smi(smi_dir, monkeypatch):
-    fake_nvidia_smi(smi_dir, "echo 'NVIDIA H100 80GB HBM3, 81559 MiB, 1 MiB'\n" * 2)
+    fake_nvidia_smi(smi_dir, "echo 'NVIDIA H100 80GB HBM3, 81559 MiB, 1 MiB, 580.65.06, 9.0'\n" * 2)
     query = gpu.query_gpus()
     assert query.source == "nvidia-smi" and not query.error
-    assert query.gpus == (gpu.Gpu("NVIDIA H100 80GB HBM3", 81559, 1),) * 2
+    assert query.gpus == (gpu.Gpu("NVIDIA H100 80GB HBM3", 81559, 1, "580.65.06", (9, 0)),) * 2
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     check = gpu.check_gpus(query)
@@ -72,12 +88,13 @@ def test_gpus_from_nvidia_smi(smi_dir, monkeypatch):
     ]
 
 
-def test_gpus_with_a_cpu_build_of_torch_warn(monkeypatch):
-    monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    check = gpu.check_gpus(gpu.GpuQuery((gpu.Gpu("Tesla T4", 15360, 0),), "nvidia-smi"))
-    assert check.status == "warn"
-    assert "CPU build" in check.detail
+def test_an_old_nvidia_smi_without_compute_cap_still_lists_the_gpus(smi_dir):
+    # Drivers before compute_cap existed reject the whole query: the doctor asks again without it.
+    fake_nvidia_smi(smi_dir, "echo 'Tesla T4, 15360 MiB, 0 MiB, 470.82.01'\n",
+                    f"--query-gpu={gpu.SMI_FIELDS_OLD}")  # fmt: skip
+    query = gpu.query_gpus()
+    assert not query.error
+    assert query.gpus == (gpu.Gpu("Tesla T4", 15360, 0, "470.82.01", None),)
 
 
 def test_busy_gpu_warns(monkeypatch):

@@ -42,7 +42,7 @@ def test_cgroup_quota(tmp_path, text, cpus):
         (1, 0, "warn", "world_size 2 suits"),
         (2, 0, "ok", "world_size 2 suits"),
         (16, 0, "ok", "world_size 4 suits"),
-        (16, 8, "ok", "world_size=8 with NCCL"),
+        (16, 8, "ok", "8 GPU(s) for NCCL, one rank per GPU"),
     ],
 )
 def test_cpu_advice(monkeypatch, cores, n_gpus, status, advice):

@@ -3,9 +3,10 @@
 Introduced in notebooks/00_setup_and_launcher.ipynb.
 
 Checks Python, torch against the course pin, torch.distributed with gloo (and NCCL), the GPUs
-(without initialising CUDA in this process), cores, memory, ``/dev/shm``, loopback networking,
-leftover labkit processes, the notebook tooling and a C++ compiler. Each check says what it
-measured and, when it is not ok, what to do. "fail" means something blocks the course.
+and whether torch can use them (without initialising CUDA in this process), cores, memory,
+``/dev/shm``, loopback networking, leftover labkit processes, the notebook tooling and a C++
+compiler. Each check says what it measured and, when it is not ok, what to do.
+"fail" means something blocks the course.
 
 Run it from a terminal (exit status 1 when a check fails):
 
@@ -143,21 +144,27 @@ def _timed(name: str, fn: Callable[..., Check], *args: object) -> Check:
     try:
         check = fn(*args)
     except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
-        check = Check(
-            name,
-            "warn",
-            f"the check itself raised {type(exc).__name__}: {exc}",
-            "this is a labkit bug: please report it with this output",
-        )
+        check = _broken(name, exc)
     check.seconds += time.perf_counter() - start
     return check
+
+
+def _broken(name: str, exc: Exception) -> Check:
+    return Check(
+        name,
+        "warn",
+        f"the check itself raised {type(exc).__name__}: {exc}",
+        "this is a labkit bug: please report it with this output",
+    )
 
 
 def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
     """Check this machine for the course and return the report (printing nothing).
 
-    Takes well under 3 s once torch is imported; starts no ranks, never initialises CUDA in
-    this process. In a notebook, leave the report as the cell's last expression to see it.
+    Takes well under 3 s once torch is imported, plus, where GPUs are listed and torch is a
+    CUDA build, one ``python -c`` subprocess that imports torch and asks CUDA; starts no
+    ranks, never initialises CUDA in this process. In a notebook, leave the report as the
+    cell's last expression to see it.
 
     Args:
         verbose: show how long each check took.
@@ -171,6 +178,7 @@ def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
     from labkit.preflight import gpu as gpu
     from labkit.preflight import host as host
     from labkit.preflight import stale as stale
+    from labkit.preflight import torch_cuda as torch_cuda
 
     checks = [
         _timed("python", env.check_python),
@@ -187,11 +195,20 @@ def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
     n_gpus = len(query.gpus)
     gpus_check = _timed("gpus", gpu.check_gpus, query)
     gpus_check.seconds += query_s
+    # torch may not use the GPUs listed (CPU build, old driver, no kernels for the GPU):
+    # the world-size advice counts only those NCCL can use.
+    start = time.perf_counter()
+    try:
+        verdict = torch_cuda.assess_torch_cuda(query)
+    except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
+        verdict = torch_cuda.Verdict(_broken("torch cuda", exc), 0)
+    verdict.check.seconds = time.perf_counter() - start
     checks += [
         _timed("nccl", gpu.check_nccl, n_gpus),
         gpus_check,
+        verdict.check,
         _timed("cuda state", gpu.check_cuda_state),
-        _timed("cpu", host.check_cpu, n_gpus),
+        _timed("cpu", host.check_cpu, verdict.usable_gpus),
         _timed("memory", host.check_memory),
         _timed("/dev/shm", host.check_shm, n_gpus),
         _timed("loopback", host.check_loopback),

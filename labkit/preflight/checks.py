@@ -3,7 +3,8 @@
 Introduced in notebooks/00_setup_and_launcher.ipynb.
 
 Each check is a small function returning a :class:`Check`. The GPU checks are in
-:mod:`labkit.preflight.gpu`, the host checks (cores, memory, ``/dev/shm``, network, packages) in
+:mod:`labkit.preflight.gpu` (whether torch can use the GPUs: :mod:`labkit.preflight.torch_cuda`),
+the host checks (cores, memory, ``/dev/shm``, network, packages) in
 :mod:`labkit.preflight.host`, leftover labkit processes in :mod:`labkit.preflight.stale`.
 """
 

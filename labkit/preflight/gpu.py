@@ -20,6 +20,9 @@ from labkit.preflight.checks import Check
 NO_GPU = "no GPU: the course runs on CPU with gloo"
 BUSY_GPU_FRACTION = 0.25  # more memory in use than this on an idle box: someone holds the GPU
 
+# nvidia-smi --help-query-gpu; older drivers lack compute_cap, so the doctor retries without it.
+SMI_FIELDS = "name,memory.total,memory.used,driver_version,compute_cap"
+SMI_FIELDS_OLD = "name,memory.total,memory.used,driver_version"
 # Same CSV as `nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader`.
 _TORCH_GPU_QUERY = (
     "import torch\n"
@@ -32,11 +35,18 @@ _TORCH_GPU_QUERY = (
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU as ``nvidia-smi`` (or torch in a subprocess) reports it; memory in MiB."""
+    """One GPU as ``nvidia-smi`` (or torch in a subprocess) reports it; memory in MiB.
+
+    ``driver_version`` (e.g. ``"580.65.06"``) and ``compute_cap`` (e.g. ``(9, 0)``) are empty /
+    None where the source does not report them (torch, or an ``nvidia-smi`` without
+    ``compute_cap``).
+    """
 
     name: str
     memory_total_mib: int
     memory_used_mib: int
+    driver_version: str = ""
+    compute_cap: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,11 +85,12 @@ def check_nccl(n_gpus: int) -> Check:
     )
 
 
-def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
-    """Parse ``name, 81559 MiB, 1 MiB`` lines (nvidia-smi's CSV without header).
+def parse_gpu_csv(text: str, fields: int = 3) -> tuple[Gpu, ...]:
+    """Parse ``name, 81559 MiB, 1 MiB[, 580.65.06[, 9.0]]`` lines (CSV without header).
 
     Args:
         text: the command's stdout.
+        fields: columns per line: 3 (name and memory), 4 (+ driver), 5 (+ compute capability).
 
     Returns:
         One :class:`Gpu` per non-empty line.
@@ -91,8 +102,13 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
     for line in text.strip().splitlines():
         if not line.strip():
             continue
-        name, total, used = (part.strip() for part in line.rsplit(",", 2))
-        gpus.append(Gpu(name, int(total.split()[0]), int(used.split()[0])))
+        parts = [part.strip() for part in line.rsplit(",", fields - 1)]
+        if len(parts) != fields:
+            raise ValueError(f"expected {fields} fields: {line!r}")
+        name, total, used, *rest = parts + [""] * (5 - fields)
+        major, _, minor = rest[1].partition(".")  # "9.0"; "[N/A]" or "" when unknown
+        cap = (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+        gpus.append(Gpu(name, int(total.split()[0]), int(used.split()[0]), rest[0], cap))
     return tuple(gpus)
 
 
@@ -115,19 +131,26 @@ def query_gpus() -> GpuQuery:
     """
     smi = shutil.which("nvidia-smi")
     if smi is not None:
-        cmd = [smi, "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader"]
-        source, timeout = "nvidia-smi", 10.0
-    else:
-        try:
-            import torch
+        query = GpuQuery((), "nvidia-smi")
+        for fields in (SMI_FIELDS, SMI_FIELDS_OLD):  # a driver without compute_cap: retry
+            cmd = [smi, f"--query-gpu={fields}", "--format=csv,noheader"]
+            retry = _ask(cmd, "nvidia-smi", 10.0, fields.count(",") + 1)
+            query = query if query.error and retry.error else retry
+            if not query.error:
+                break
+        return query
+    try:
+        import torch
 
-            gpu_build = bool(torch.version.cuda or getattr(torch.version, "hip", None))
-        except ImportError:
-            gpu_build = False
-        if not gpu_build:
-            return GpuQuery((), "none")
-        cmd = [sys.executable, "-c", _TORCH_GPU_QUERY]
-        source, timeout = "torch subprocess", 60.0
+        gpu_build = bool(torch.version.cuda or getattr(torch.version, "hip", None))
+    except ImportError:
+        gpu_build = False
+    if not gpu_build:
+        return GpuQuery((), "none")
+    return _ask([sys.executable, "-c", _TORCH_GPU_QUERY], "torch subprocess", 60.0, 3)
+
+
+def _ask(cmd: list[str], source: str, timeout: float, fields: int) -> GpuQuery:
     try:
         done = _run(cmd, timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -136,7 +159,7 @@ def query_gpus() -> GpuQuery:
         last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
         return GpuQuery((), source, f"{source} exited with {done.returncode}: {last[0]}")
     try:
-        return GpuQuery(parse_gpu_csv(done.stdout), source)
+        return GpuQuery(parse_gpu_csv(done.stdout, fields), source)
     except ValueError:
         return GpuQuery((), source, f"unexpected {source} output: {done.stdout[:200]!r}")
 
@@ -148,8 +171,9 @@ def check_gpus(query: GpuQuery) -> Check:
         query: the result of :func:`query_gpus`.
 
     Returns:
-        "ok" (GPUs, or none: CPU is fine), "warn" when the query failed, a GPU is mostly
-        full already, or torch is a CPU build that cannot use the GPUs present.
+        "ok" (GPUs, or none: CPU is fine), "warn" when the query failed or a GPU is mostly
+        full already. Whether torch can use them is the "torch cuda" check
+        (:mod:`labkit.preflight.torch_cuda`).
     """
     if query.error:
         return Check(
@@ -175,19 +199,6 @@ def check_gpus(query: GpuQuery) -> Check:
         for i, g in enumerate(query.gpus)
         if g.memory_used_mib > BUSY_GPU_FRACTION * max(g.memory_total_mib, 1)
     ]
-    try:
-        import torch
-
-        cpu_torch = not (torch.version.cuda or getattr(torch.version, "hip", None))
-    except ImportError:
-        cpu_torch = False
-    if cpu_torch:
-        return Check(
-            "gpus",
-            "warn",
-            detail + "\ntorch is a CPU build: it cannot use these GPUs",
-            "install a CUDA build of torch to use them (CPU with gloo works meanwhile)",
-        )
     if busy:
         return Check(
             "gpus",

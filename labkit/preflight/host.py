@@ -61,19 +61,26 @@ def check_cpu(n_gpus: int = 0) -> Check:
     """Count the usable cores and say which world size is sensible.
 
     Measured with gloo on a 2-core machine: 8 ranks work but are slow (a 1 KB all-reduce
-    takes ~25 ms); 2–4 ranks is the sensible range on a laptop.
+    takes ~25 ms); 2–4 ranks is the sensible range on a laptop. NCCL takes one GPU per rank (it
+    refuses two ranks on one GPU), so under NCCL a notebook's world_size is at most the number
+    of GPUs; ``backend="auto"`` picks gloo on CPU when the GPUs are fewer than the ranks, and
+    ``backend="nccl"`` refuses to start (labkit.launcher).
 
     Args:
-        n_gpus: GPUs found (with GPUs, one rank per GPU is the natural world size).
+        n_gpus: GPUs that torch can use (not merely listed by ``nvidia-smi``).
 
     Returns:
         "ok", or "warn" below 2 cores.
     """
     cores, detail = usable_cores()
+    cpu_ranks = max(2, min(cores, 4))
+    advice = f"world_size {cpu_ranks} suits this machine on CPU (2–4 ranks on a laptop)"
     if n_gpus:
-        advice = f"world_size={n_gpus} with NCCL (one rank per GPU); 2–4 ranks on CPU"
-    else:
-        advice = f"world_size {max(2, min(cores, 4))} suits this machine (2–4 ranks on a laptop)"
+        advice = (
+            f"{advice}; {n_gpus} GPU(s) for NCCL, one rank per GPU: under backend='nccl' "
+            f"a notebook's world_size may be at most {n_gpus}; a notebook that needs more ranks "
+            "runs with backend='gloo' on CPU (backend='auto' picks it then)"
+        )
     detail = f"{detail}; {advice}"
     if cores >= MIN_CORES:
         return Check("cpu", "ok", detail)
