@@ -26,8 +26,7 @@ import torch.distributed as dist
 
 from labkit.backends import recording
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 
 WORLD_SIZES = (1, 2, 3)  # ranks the checker launches
 NS = (1, 2, 7, 10, 1000, 100_003)  # n = 1 and 2 leave some of 3 ranks an empty slice
@@ -191,24 +190,15 @@ def check_parallel_sum(fn: Callable[..., Any]) -> dict[str, Any]:
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(
-                _run_cases,
-                world_size=world_size,
-                backend=recording.spec("gloo"),  # gloo runs everywhere; we see every op
-                device="cpu",
-                args=(fn,),
-                timeout=TIMEOUT_S,
-            )
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {world_size} rank(s) the function did not finish within {TIMEOUT_S:g} s: "
-                "every rank must call dist.all_reduce the same number of times.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} rank(s), {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run_cases,
+            world_size,
+            backend=recording.spec("gloo"),  # gloo runs everywhere; we see every op
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            hang="Every rank must call dist.all_reduce the same number of times.",
+            ranks="rank(s)",
+        )
         _compare(world_size, results)
         _check_communication(world_size, results)
     return {"world_sizes": list(WORLD_SIZES), "ns": list(NS)}

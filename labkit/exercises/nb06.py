@@ -22,8 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 
 WORLD_SIZES = (2, 3)  # ranks the checker launches with the default group
 GROUPS = ((0, 2), (1, 3))  # then 4 ranks in two groups: each averages over its own
@@ -158,25 +157,15 @@ def _compare(world_size: int, results: list[dict[str, Any]], groups: tuple = ())
 
 
 def _launch_checked(fn: Callable[..., Any], world_size: int, groups: tuple = ()) -> list:
-    try:
-        return launch(
-            _run,
-            world_size=world_size,
-            backend="gloo",
-            device="cpu",
-            args=(fn, groups),
-            timeout=TIMEOUT_S,
-        )
-    except LaunchTimeout as exc:
-        raise ExerciseFailed(
-            f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s. "
-            "Every rank must all-reduce the same parameters in the same order, over the group "
-            "it is given.\n" + exc.headline
-        ) from exc
-    except RankError as exc:
-        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-            raise  # not attempted: check() runs the reference instead
-        raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+    return launch_learner(
+        _run,
+        world_size,
+        backend="gloo",
+        args=(fn, groups),
+        timeout_s=TIMEOUT_S,
+        hang="Every rank must all-reduce the same parameters in the same order, over the group "
+        "it is given.",
+    )
 
 
 @exercise("06_average_gradients", reference=average_gradients, prompt=PROMPT)

@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 
 WORLD_SIZES = (2, 3)  # ranks the checker launches
 SIZES = (12, 13)  # buffer lengths: 12 is a multiple of every world size, 13 of none
@@ -220,19 +219,13 @@ def check_zero1_update(fn: Callable[..., Any]) -> dict[str, Any]:
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(
-                _run, world_size=world_size, backend="labkit_record", device="cpu", args=(fn,),
-                timeout=TIMEOUT_S,
-            )  # fmt: skip
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s. "
-                "Every rank must issue the same collectives in the same order.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run,
+            world_size,
+            backend="labkit_record",
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            hang="Every rank must issue the same collectives in the same order.",
+        )
         _compare(world_size, results)
     return {"world_sizes": list(WORLD_SIZES), "numels": list(SIZES)}

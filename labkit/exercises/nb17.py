@@ -30,8 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 
 WORLD_SIZES = (2, 3)
 TIMEOUT_S = 60.0
@@ -202,17 +201,14 @@ def check_token_weighted_average(fn: Callable[..., Any]) -> dict[str, Any]:
     """
     tokens, plain_error = {}, 0.0
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(_run, world_size, "gloo", args=(fn,), timeout=TIMEOUT_S, device="cpu")
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s: "
-                "every rank must issue the same all-reduces in the same order.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run,
+            world_size,
+            backend="gloo",
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            hang="Every rank must issue the same all-reduces in the same order.",
+        )
         plain_error = max(plain_error, _compare(world_size, results))
         tokens[world_size] = [r["n_tokens"] for r in results]
     return {"world_sizes": list(WORLD_SIZES), "tokens": tokens, "plain_average_error": plain_error}
