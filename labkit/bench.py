@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
-from labkit.bench_results import GB, BenchResult, check_sizes, default_device, sync_device
+from labkit.bench_results import GB, BenchResult, check_sizes, default_device
 from labkit.launcher import launch
+from labkit.trace import sync_device
 
 __all__ = [
     "COLLECTIVES",

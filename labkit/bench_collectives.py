@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from labkit.bench_results import GB, BenchResult, check_sizes, default_device, sync_device
+from labkit.bench_results import GB, BenchResult, check_sizes, default_device
 from labkit.costmodel import busbw_factor
+from labkit.trace import sync_device
 
 __all__ = ["COLLECTIVES", "collective", "collective_sizes"]
 

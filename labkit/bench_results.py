@@ -1,4 +1,4 @@
-"""The rows every benchmark returns, and what the benchmarks share: sizes, device, sync.
+"""The rows every benchmark returns, and what the benchmarks share: sizes and device.
 
 Introduced in notebooks/01_point_to_point.ipynb (``labkit.bench`` re-exports ``BenchResult``).
 """
@@ -77,9 +77,3 @@ def default_device() -> torch.device:
         return get_device()
     except RuntimeError:  # not inside lk.launch (e.g. under torchrun): the backend decides
         return torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
-
-
-def sync_device(device: torch.device) -> None:
-    """Wait for the device's queued work, so host timers measure it (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # NCCL send/recv return before the copy is done

@@ -124,3 +124,73 @@ def test_model_split_p2p_is_a_chain_that_cannot_form_a_cycle(world_size):
         # Each rank receives before it sends, and only from the side the data comes from:
         # rank r waits only for rank r-1 (forward) or r+1 (backward), never in a circle.
         assert ops == forward + backward, (r, ops)
+
+
+class _OneWork:
+    """NCCL's answer to a batch: one Work for all its operations; notes each wait's timeout."""
+
+    def __init__(self, waits: list) -> None:
+        self.waits = waits
+
+    def wait(self, timeout=None) -> bool:
+        self.waits.append(timeout)
+        return True
+
+
+def _nccl_shaped_batches(rank: int, world_size: int) -> list:
+    waits: list = []
+    dist.batch_isend_irecv = lambda ops: [_OneWork(waits)]  # the shape NCCL returns
+    ex = p2p.Exchange(None, timedelta(seconds=7))
+    ex.send(torch.ones(2), 1 - rank)
+    ex.recv(torch.empty(2), 1 - rank)  # one batch: send + recv, one Work
+    ex.send(torch.ones(2), 1 - rank)
+    ex.finish()  # a batch of one send
+    return waits
+
+
+def test_every_wait_of_an_nccl_shaped_batch_carries_the_timeout():
+    # On NCCL Work.wait() without a timeout only orders the current stream; with one the host
+    # blocks until the batch is done, or raises when it is not done in time.
+    waits = lk.launch(_nccl_shaped_batches, world_size=2, backend="gloo", device="cpu", timeout=60)
+    assert waits == [[timedelta(seconds=7)] * 2] * 2
+
+
+def _stage_that_never_sends(rank: int, world_size: int) -> dict:
+    devices = []
+    real = runtime.span
+
+    def span(name, kind="compute", *, device=None, **args):
+        devices.append((name, kind, device))
+        return real(name, kind, device=device, **args)
+
+    runtime.span = span
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    mine = {rank: runtime.split_sequential(model, 2)[rank]}
+    inputs, targets = [torch.randn(2, 4)] * 2, [torch.randn(2, 4)] * 2
+    shapes = runtime.output_shapes(runtime.split_sequential(model, 2), inputs[0])
+    sched = schedules.gpipe(2, 2)
+    args = (sched, mine, inputs, targets, nn.functional.mse_loss, shapes)
+    runtime.run_schedule(*args, timeout_s=60)  # one good step: both stages run
+    dist.barrier()
+    error = ""
+    if rank == 1:  # stage 0 skips the second step: stage 1's first receive gets nothing
+        try:
+            runtime.run_schedule(*args, timeout_s=1.5)
+        except RuntimeError as exc:
+            error = str(exc)
+        else:
+            error = "no error"
+    return {"devices": devices, "error": error}
+
+
+def test_a_stage_that_never_sends_ends_the_step_with_a_clear_timeout():
+    out = lk.launch(_stage_that_never_sends, world_size=2, backend="gloo", device="cpu", timeout=90)
+    error = out[1]["error"]
+    assert error.startswith("pipeline rank 1, action 1F0: no message from stage 0 (rank 0"), error
+    assert "within 1.5 s (timeout_s)" in error and "Timed out" in error, error
+    for got in out:
+        # Every span the runtime records is told its tensors' device (synchronised on a GPU).
+        kinds = {kind for _, kind, _ in got["devices"]}
+        assert kinds == {"compute", "comm"}, got["devices"]
+        assert all(d == torch.device("cpu") for _, _, d in got["devices"]), got["devices"]

@@ -307,3 +307,69 @@ def test_speedup_bars_draws_one_bar_per_change() -> None:
 
     with pytest.raises(ValueError, match="at least one row"):
         lk.viz.speedup_bars(Empty())
+
+
+# --- which activities profile_steps asks for ------------------------------------------------
+
+
+class _Asked(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("device", "cuda_available", "wants_cuda"),
+    [("cpu", True, False), ("cpu", False, False), ("cuda:0", True, True)],
+)
+def test_profile_steps_asks_for_cuda_activity_only_on_a_cuda_rank(
+    tmp_path, monkeypatch, device, cuda_available, wants_cuda
+) -> None:
+    from torch.profiler import ProfilerActivity
+
+    from labkit.launcher import _context
+
+    asked = []
+
+    def profile(activities, **kwargs):
+        asked.extend(activities)
+        raise _Asked
+
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)  # a GPU box
+    monkeypatch.setattr(_context, "_current", _context.RankContext(0, 2, torch.device(device), ""))
+    with pytest.raises(_Asked):
+        lk.profile.profile_steps(lambda: None, str(tmp_path))
+    assert asked == [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * wants_cuda
+
+
+def test_profile_steps_syncs_a_cuda_rank_at_each_step_end(tmp_path, monkeypatch) -> None:
+    from labkit.launcher import _context
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    gpu = torch.device("cuda:1")
+    monkeypatch.setattr(_context, "_current", _context.RankContext(1, 2, gpu, ""))
+    # cuda=False: a CPU-only profile of a CUDA rank (this CPU build has no CUDA profiler).
+    lk.profile.profile_steps(lambda: calls.append("step"), str(tmp_path), cuda=False)
+    assert calls == ["step"] * 5  # no CUDA activity asked: nothing to wait for
+    calls.clear()
+
+    class Profile:  # records the order of step ends, stands in for the CUDA profiler
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def step(self):
+            calls.append("step end")
+
+        def export_chrome_trace(self, path):
+            raise _Asked
+
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    with pytest.raises(_Asked):
+        lk.profile.profile_steps(lambda: calls.append("step"), str(tmp_path), wait=0, active=1)
+    assert calls == ["step", gpu, "step end"] * 2

@@ -17,12 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from labkit.trace import sync_device
+
 __all__ = ["time_allreduce"]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_allreduce(
@@ -74,10 +71,10 @@ def time_allreduce(
             for i, name in enumerate(names):
                 t = x.clone()
                 dist.barrier(group=group)
-                _sync(device)
+                sync_device(device)
                 start = time.perf_counter()
                 fns[name](t)
-                _sync(device)
+                sync_device(device)
                 samples[i, j, k] = time.perf_counter() - start
     samples = samples.to(device)
     dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)

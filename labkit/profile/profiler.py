@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.trace import COMM, COMPUTE, Span, Timeline
+from labkit.launcher import get_device
+from labkit.trace import COMM, COMPUTE, Span, Timeline, sync_device
 
 __all__ = [
     "CommComputeRow",
@@ -142,7 +143,10 @@ def profile_steps(
         warmup: steps profiled and discarded (the profiler's start-up cost).
         active: steps recorded (≥ 1).
         record_shapes: also record input shapes (bigger traces).
-        cuda: also record CUDA kernels (default: when CUDA is available).
+        cuda: also record CUDA kernels (default: when this rank's device, ``lk.get_device()``,
+            is a GPU; outside ``lk.launch``, when this process has initialised CUDA). A CPU
+            rank on a GPU machine records no CUDA activity. With CUDA, each step ends with
+            ``torch.cuda.synchronize``, so a step's time covers its kernels.
 
     Returns:
         RankProfile: the trace's path, step times, PyTorch's op table and the spans.
@@ -163,13 +167,15 @@ def profile_steps(
     rank = current_rank()
     os.makedirs(trace_dir, exist_ok=True)
     path = os.path.join(trace_dir, f"rank{rank}.json")
-    activities = [ProfilerActivity.CPU]
-    if cuda or (cuda is None and torch.cuda.is_available()):
-        activities.append(ProfilerActivity.CUDA)
+    device = _rank_device(torch)
+    if cuda is None:
+        cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     plan = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     with profile(activities=activities, schedule=plan, record_shapes=record_shapes) as prof:
         for _ in range(wait + warmup + active):
             step()
+            sync_device(device if cuda else None)  # the step ends when its kernels have run
             prof.step()
     prof.export_chrome_trace(path)
     with open(path, encoding="utf-8") as f:
@@ -183,6 +189,14 @@ def profile_steps(
         ops=_op_rows(prof),
         spans=tuple(trace_spans(trace, rank)),
     )
+
+
+def _rank_device(torch: Any) -> Any:
+    """The launcher's device for this rank; outside a rank, CUDA only if already in use here."""
+    try:
+        return get_device()
+    except RuntimeError:  # not inside lk.launch; is_initialized() does not initialise CUDA
+        return torch.device("cuda" if torch.cuda.is_initialized() else "cpu")
 
 
 def _is_step(e: dict[str, Any]) -> bool:

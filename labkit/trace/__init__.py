@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from labkit.trace.chrome import check_chrome_trace, to_chrome_trace
 from labkit.trace.modules import ModuleTracer, trace_modules
-from labkit.trace.spans import COMM, COMPUTE, Span, clock_ns, events, reset, span
+from labkit.trace.spans import COMM, COMPUTE, Span, clock_ns, events, reset, span, sync_device
 from labkit.trace.timeline import RankSummary, Timeline
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "events",
     "reset",
     "span",
+    "sync_device",
     "to_chrome_trace",
     "trace_modules",
 ]

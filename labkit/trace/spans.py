@@ -12,6 +12,11 @@ The clock is ``time.perf_counter_ns()``: on Linux and macOS it reads the system-
 monotonic clock (``CLOCK_MONOTONIC``, ``mach_absolute_time``), so timestamps taken in
 different processes on one host are directly comparable; ``Timeline.merge`` takes per-rank
 offsets for clocks that are not (ranks on several hosts).
+
+CUDA work is asynchronous: a kernel or an NCCL operation returns to the host once it is queued
+on the current stream, so a host clock read right after it measures the queueing, not the work.
+``sync_device`` (and ``span(..., device=...)``) waits for the device first; it is the one place
+labkit's timers synchronise, and a no-op for CPU tensors.
 """
 
 from __future__ import annotations
@@ -37,6 +42,29 @@ def clock_ns() -> int:
         ``time.perf_counter_ns()``: monotonic, system-wide on Linux and macOS.
     """
     return time.perf_counter_ns()
+
+
+def sync_device(device: Any) -> None:
+    """Wait for the work queued on ``device`` if it is a GPU, so a host clock measures it.
+
+    Introduced in notebooks/04_custom_backend.ipynb.
+
+    PyTorch's CUDA semantics notes ("Asynchronous execution"): "time measurements without
+    synchronizations are not accurate", so call ``torch.cuda.synchronize()`` before measuring;
+    on NCCL ``Work.wait()`` and collectives return once the work is queued on the current
+    stream. Read the clock after this call.
+
+    Args:
+        device: a ``torch.device`` (or its string, e.g. ``"cuda:0"``); CPU or None is a no-op.
+
+    Returns:
+        None.
+    """
+    if device is None or not str(device).startswith("cuda"):
+        return
+    import torch  # only reached with CUDA tensors, which means torch is loaded already
+
+    torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -81,7 +109,7 @@ def current_rank() -> int:
 
 
 @contextmanager
-def span(name: str, kind: str = COMPUTE, **args: Any) -> Iterator[None]:
+def span(name: str, kind: str = COMPUTE, *, device: Any = None, **args: Any) -> Iterator[None]:
     """Record the time the ``with`` block takes as one span of this rank.
 
     Introduced in notebooks/04_custom_backend.ipynb.
@@ -89,6 +117,8 @@ def span(name: str, kind: str = COMPUTE, **args: Any) -> Iterator[None]:
     Args:
         name: what the block does, e.g. ``"forward"``.
         kind: ``"compute"`` (default), ``"comm"``, or a word of your own (drawn as compute).
+        device: where the block's tensors live; on a GPU, ``sync_device`` runs before each
+            clock read, so the span covers the block's kernels and not only their queueing.
         **args: extra facts to keep with the span (shown in Perfetto).
 
     Returns:
@@ -99,10 +129,12 @@ def span(name: str, kind: str = COMPUTE, **args: Any) -> Iterator[None]:
     """
     if not name or not kind:
         raise ValueError(f"a span needs a name and a kind, got name={name!r}, kind={kind!r}")
+    sync_device(device)
     start = clock_ns()
     try:
         yield
     finally:
+        sync_device(device)
         _spans.append(Span(name, kind, start, clock_ns(), current_rank(), dict(args)))
 
 

@@ -22,7 +22,10 @@ receive matches its send whatever order they travel; backends that ignore tags (
 
 Each action is recorded as a ``lk.trace.span`` named after it (``"1F0"``, kind ``"compute"``,
 with ``stage``, ``op``, ``microbatch`` arguments) and each wait for a message as a span of
-kind ``"comm"``, so ``lk.trace.Timeline`` shows the measured schedule.
+kind ``"comm"``, so ``lk.trace.Timeline`` shows the measured schedule. On a GPU both kinds of
+span synchronise the device before reading the clock (``span(..., device=...)``): kernels and
+NCCL transfers return to the host once queued, and a span closed before they finish would
+shrink the compute, hide the waiting and make the measured bubble smaller than it is.
 """
 
 from __future__ import annotations
@@ -155,14 +158,21 @@ class _Wire:
         self.ex.send(t, dst, tag)
         self.n_sends += 1
 
-    def recv(self, like: torch.Tensor, shape: Sequence[int], from_stage: int, tag: int):
+    def recv(self, like: torch.Tensor, shape: Sequence[int], from_stage: int, tag: int, what: str):
         src = rank_of_stage(from_stage, self.n_ranks)
         if src == self.me:
             self.ex.flush()
             return self.local.pop(tag)
         buf = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
-        with span("recv", kind=COMM, peer=src, tag=tag):
-            self.ex.recv(buf, src, tag)
+        with span("recv", kind=COMM, device=buf.device, peer=src, tag=tag):
+            try:
+                self.ex.recv(buf, src, tag)
+            except RuntimeError as exc:
+                raise RuntimeError(
+                    f"pipeline rank {self.me}, action {what}: no message from stage "
+                    f"{from_stage} (rank {src}, tag {tag}) within "
+                    f"{self.ex.timeout.total_seconds():g} s (timeout_s); the backend said: {exc}"
+                ) from exc
         return buf
 
     def flush(self) -> None:
@@ -206,7 +216,9 @@ def run_schedule(
             runs row ``r``.
         compute_s: extra seconds each action sleeps inside its span, emulating compute that
             is large next to communication (B = F, as in the schedules' time model).
-        timeout_s: the longest any receive (or, at the end, a send) may wait.
+        timeout_s: the longest any receive (or, at the end, a send) may wait; on NCCL too
+            the wait blocks the host (``Work.wait(timeout)``), so a stage that never sends
+            ends the step with an error instead of a hang.
 
     Returns:
         PipelineResult: the loss (last stage's rank), peak activations in flight per stage,
@@ -217,6 +229,8 @@ def run_schedule(
             missing a stage its row uses, or the backend may ignore tags (e.g. NCCL; gloo
             honours them) and the schedule receives some pair's messages out of order
             (``messages_in_order``).
+        RuntimeError: a receive got no message within ``timeout_s`` (naming the action, the
+            stage and rank it waited for, and the backend's error).
     """
     n_ranks = dist.get_world_size(group)
     if len(schedule) != n_ranks:
@@ -243,9 +257,9 @@ def run_schedule(
                 wire.flush()
                 x = inputs[i]
             else:
-                x = wire.recv(inputs[i], shapes[s - 1], s - 1, _tag(s - 1, i, m, False))
+                x = wire.recv(inputs[i], shapes[s - 1], s - 1, _tag(s - 1, i, m, False), str(a))
                 x.requires_grad_(True)
-            with span(str(a), stage=s, op="F", microbatch=i):
+            with span(str(a), device=x.device, stage=s, op="F", microbatch=i):
                 y = stages[s](x)
                 if s == last:
                     y = loss_fn(y, targets[i]) / m  # mean over the whole batch
@@ -262,8 +276,8 @@ def run_schedule(
             if s == last:
                 wire.flush()
             else:
-                dy = wire.recv(y, shapes[s], s + 1, _tag(s, i, m, True))
-            with span(str(a), stage=s, op="B", microbatch=i):
+                dy = wire.recv(y, shapes[s], s + 1, _tag(s, i, m, True), str(a))
+            with span(str(a), device=y.device, stage=s, op="B", microbatch=i):
                 y.backward(dy)
                 _sleep(compute_s)
             if s == last:

@@ -1,0 +1,76 @@
+"""How many GPUs this process can give its ranks, counted without initialising CUDA here.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb (``device="auto"`` asks it).
+
+``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``, which initialises the CUDA driver
+(``cuInit``) in the calling process unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` is set (its
+docstring in torch 2.13), and a process with an initialised driver cannot fork children that
+use CUDA: PyTorch's multiprocessing notes ("CUDA in multiprocessing": "The CUDA runtime does
+not support the fork start method"; "Poison fork in multiprocessing"). The kernel that
+launches ranks also forks DataLoader workers, so it counts GPUs the way
+``torch.cuda.device_count()`` does before CUDA is initialised — through NVML
+(``torch.cuda._device_count_nvml``, which honours ``CUDA_VISIBLE_DEVICES``) — and never falls
+back to the CUDA runtime in this process: where NVML cannot answer (no NVML library, MIG
+UUIDs, ROCm) a short-lived subprocess asks torch.
+
+NVML counts the GPUs the driver lists; it does not check that this torch build can run on
+them (a driver too old for the build's CUDA, FINDINGS: torch 2.13 needs a 580-series driver).
+``labkit doctor`` reports that case; a rank placed on such a GPU fails with torch's error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+__all__ = ["gpu_count"]
+
+PROBE_TIMEOUT_S = 120.0  # importing torch and initialising CUDA in a fresh process
+_PROBE = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+
+
+def gpu_count() -> int:
+    """CUDA GPUs visible to this process, counted without initialising CUDA in it.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb.
+
+    Returns:
+        int: 0 on a CPU-only torch build or without torch; NVML's count (after
+        ``CUDA_VISIBLE_DEVICES``) when NVML answers; ``torch.cuda.device_count()`` when this
+        process has initialised CUDA already (nothing left to protect); else the answer of a
+        subprocess that asks ``torch.cuda.is_available()`` (0 if it does not answer).
+    """
+    try:
+        import torch  # importing torch does not initialise CUDA
+    except ImportError:
+        return 0
+    cuda = torch.cuda
+    if not cuda._is_compiled():  # a CPU build: no CUDA at all
+        return 0
+    if cuda.is_initialized():
+        return cuda.device_count()
+    count_nvml = getattr(cuda, "_device_count_nvml", None)
+    if count_nvml is not None and not torch.version.hip:
+        n = count_nvml()  # negative: NVML could not answer
+        if n >= 0:
+            return n
+    return _probe_in_subprocess(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_in_subprocess(visible: str | None) -> int:
+    """Ask torch in a fresh process (keyed on ``CUDA_VISIBLE_DEVICES``, which changes it)."""
+    del visible  # the cache key; the child inherits the environment
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+        return max(0, int(done.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0

@@ -1,0 +1,88 @@
+"""Tests for labkit/launcher/_gpus.py: GPUs counted through NVML, never by initialising CUDA in
+the process that launches ranks (``torch.cuda`` mocked; this machine has a CPU build)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+
+from labkit.launcher import _gpus
+
+
+def _forbidden(*args, **kwargs):
+    raise AssertionError("initialises CUDA in the launching process")
+
+
+@pytest.fixture
+def cuda_build(monkeypatch) -> None:
+    """A CUDA build whose CUDA runtime must not be touched; CUDA not initialised yet."""
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", _forbidden)
+    monkeypatch.setattr(torch.cuda, "device_count", _forbidden)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(_gpus.subprocess, "run", _forbidden)
+    _gpus._probe_in_subprocess.cache_clear()
+
+
+def test_a_cpu_build_counts_zero_without_initialising_cuda() -> None:
+    assert _gpus.gpu_count() == (torch.cuda.device_count() if torch.version.cuda else 0)
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.parametrize("n", [0, 1, 8])
+def test_nvml_answers(cuda_build, monkeypatch, n) -> None:
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: n)
+    assert _gpus.gpu_count() == n
+
+
+def test_a_cpu_build_asks_nothing(cuda_build, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: False)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", _forbidden)
+    assert _gpus.gpu_count() == 0
+
+
+def test_once_cuda_is_initialised_here_torch_counts(cuda_build, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", _forbidden)
+    assert _gpus.gpu_count() == 3
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"), [("2\n", 2), ("warning\n0\n", 0), ("", 0), ("oops", 0)]
+)
+def test_without_nvml_a_subprocess_asks_torch(cuda_build, monkeypatch, stdout, expected) -> None:
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1)  # NVML failed
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"case-{stdout!r}")
+    commands = []
+
+    def run(cmd, **kwargs):
+        commands.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(_gpus.subprocess, "run", run)
+    assert _gpus.gpu_count() == expected
+    assert _gpus.gpu_count() == expected  # cached for the same CUDA_VISIBLE_DEVICES
+    assert len(commands) == 1 and "torch.cuda.is_available()" in commands[0][-1]
+
+
+def test_a_probe_that_hangs_counts_zero(cuda_build, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1)
+
+    def run(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(_gpus.subprocess, "run", run)
+    assert _gpus.gpu_count() == 0
+
+
+def test_rocm_goes_to_the_subprocess(cuda_build, monkeypatch) -> None:
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", _forbidden)
+    monkeypatch.setattr(
+        _gpus.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "4\n", "")
+    )
+    assert _gpus.gpu_count() == 4
