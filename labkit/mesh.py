@@ -37,6 +37,7 @@ from labkit.parallel.pipeline import one_f_one_b
 from labkit.parallel.pipeline.runtime import run_schedule
 from labkit.parallel.pipeline.split import output_shapes, split_sequential
 from labkit.parallel.tensor import apply_tensor_parallel
+from labkit.trace import sync_device
 
 __all__ = [
     "AXES",
@@ -297,12 +298,14 @@ def train_dp_tp(
     params = [p for p in model.parameters() if p.requires_grad]
     losses = []
     for _ in range(steps):
+        sync_device(xs.device)  # step times on a GPU cover the kernels, not their queueing
         start = time.perf_counter()
         loss = loss_fn(replica(xs), ys)
         loss.backward()  # the buckets are averaged over dp when it returns
         _sgd(params, lr)
         losses.append(float(loss.detach()))
         if step_times is not None:
+            sync_device(xs.device)
             step_times.append(time.perf_counter() - start)
     return model, losses
 
@@ -361,6 +364,7 @@ def train_dp_pp(
     params = [p for p in stages[pp_rank].parameters() if p.requires_grad]
     losses: list[float | None] = []
     for _ in range(steps):
+        sync_device(xs.device)
         start = time.perf_counter()
         if pp_group is None:  # one stage: the pipeline is plain accumulation
             total = 0.0
@@ -378,5 +382,6 @@ def train_dp_pp(
             _average_gradients(params, dp_group)
         _sgd(params, lr)
         if step_times is not None:
+            sync_device(xs.device)
             step_times.append(time.perf_counter() - start)
     return stages[pp_rank], losses

@@ -194,3 +194,31 @@ def test_a_stage_that_never_sends_ends_the_step_with_a_clear_timeout():
         kinds = {kind for _, kind, _ in got["devices"]}
         assert kinds == {"compute", "comm"}, got["devices"]
         assert all(d == torch.device("cpu") for _, _, d in got["devices"]), got["devices"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "warms"),
+    [
+        ("nccl", "cuda:0", True),
+        ("cpu:gloo,cuda:nccl", "cuda:1", True),  # the device rule's backend on a GPU
+        ("cpu:gloo,cuda:nccl", "cpu", False),  # CPU tensors go over gloo
+        ("gloo", "cpu", False),
+    ],
+)
+def test_warm_up_runs_once_exactly_when_the_tensors_go_over_nccl(
+    monkeypatch, backend, device, warms
+) -> None:
+    from types import SimpleNamespace
+
+    reduced = []
+    fake = SimpleNamespace(
+        get_backend=lambda group: backend,
+        group=SimpleNamespace(WORLD=SimpleNamespace(group_name=f"test-{backend}-{device}")),
+        all_reduce=lambda t, group=None: reduced.append(t),
+    )
+    monkeypatch.setattr(p2p, "dist", fake)
+    monkeypatch.setattr(p2p, "torch", SimpleNamespace(zeros=lambda n, device: ("zeros", device)))
+    monkeypatch.setattr(p2p, "_warm", set())
+    for _ in range(2):  # the second step finds the group warm
+        p2p.warm_up(None, torch.device(device))
+    assert reduced == [("zeros", torch.device(device))] * warms

@@ -21,6 +21,7 @@ from labkit.capstone.setups import lm_loss, make_groups
 from labkit.capstone.strategy import Strategy
 from labkit.data import CharCorpus, char_corpus
 from labkit.models import TinyGPT
+from labkit.trace import sync_device
 
 __all__ = [
     "RunConfig",
@@ -160,8 +161,10 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
     for k in range(c.steps):
         x, y = (mine(t) for t in global_batch(corpus, c, k))
         dist.barrier()
+        sync_device(x.device)  # on a GPU, a step's time covers its kernels and transfers
         t0 = time.perf_counter()
         loss = setup.step(x, y)
+        sync_device(x.device)
         elapsed = torch.tensor([time.perf_counter() - t0])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         out["step_s"].append(float(elapsed))

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from labkit.trace import sync_device
+
 __all__ = ["SpeedupRow", "SpeedupTable", "amdahl_speedup", "measure_speedups"]
 
 
@@ -196,6 +198,7 @@ def measure_speedups(
     warmup: int = 1,
     before: Callable[[], Any] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    device: Any = None,
 ) -> SpeedupTable:
     """Time a baseline and each variant in interleaved rounds of the same run.
 
@@ -214,6 +217,8 @@ def measure_speedups(
         warmup: rounds run first and discarded (≥ 0).
         before: called before each timed call, outside the timing (e.g. a barrier).
         clock: seconds, monotonic.
+        device: where the variants compute (``lk.get_device()``); on a GPU each call is
+            timed from a synchronised device to a synchronised device (``sync_device``).
 
     Returns:
         SpeedupTable.
@@ -235,8 +240,10 @@ def measure_speedups(
             name = names[(i + j) % len(names)]
             if before is not None:
                 before()
+            sync_device(device)
             start = clock()
             variants[name]()
+            sync_device(device)
             elapsed = clock() - start
             if i >= warmup:
                 times[name].append(elapsed)

@@ -43,6 +43,7 @@ from torch import nn
 from labkit import data, models
 from labkit.parallel import model_split as msp
 from labkit.scripts import _common
+from labkit.trace import sync_device
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.steps):
         x, y = (t.to(env.device) for t in batch(ds, k, args.batch_size, args.seed))
         dist.barrier()
+        sync_device(env.device)  # on a GPU, time the step's kernels and NCCL transfers too
         t0 = time.perf_counter()
         opt.zero_grad()
         res = split.step(x if split.is_first else None, y if split.is_last else None)
         opt.step()
+        sync_device(env.device)
         step_s.append(time.perf_counter() - t0)
         if split.is_last:
             losses.append(res.loss)

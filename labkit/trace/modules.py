@@ -33,13 +33,14 @@ class ModuleTracer:
         names: the traced submodules' names, in registration order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: Any = None) -> None:
+        self.device = device  # a GPU's spans synchronise its current stream (``span``)
         self.names: list[str] = []
         self._handles: list[Any] = []
         self._open: dict[tuple[str, str], AbstractContextManager] = {}
 
     def _start(self, phase: str, name: str) -> None:
-        cm = span(f"{phase} {name}", kind=COMPUTE, module=name, phase=phase)
+        cm = span(f"{phase} {name}", kind=COMPUTE, device=self.device, module=name, phase=phase)
         cm.__enter__()
         self._open[(phase, name)] = cm
 
@@ -97,6 +98,9 @@ def trace_modules(module: Any, names: list[str] | None = None) -> ModuleTracer:
         names: which submodules to trace (names as in ``module.named_modules()``); default:
             the direct children. Their inputs need not require gradients.
 
+    The spans synchronise the device of ``module``'s first parameter (on a GPU, its current
+    stream; ``lk.trace.span``), so a layer's span covers its kernels.
+
     Returns:
         ModuleTracer: its ``remove()`` (or leaving ``with trace_modules(m):``) removes the hooks.
 
@@ -108,7 +112,7 @@ def trace_modules(module: Any, names: list[str] | None = None) -> ModuleTracer:
     missing = [n for n in chosen if n not in found or n == ""]
     if missing or not chosen:
         raise ValueError(f"no submodules named {missing} to trace" if missing else "no children")
-    tracer = ModuleTracer()
+    tracer = ModuleTracer(next((p.device for p in module.parameters()), None))
     for name in chosen:
         sub = found[name]
         tracer.names.append(name)

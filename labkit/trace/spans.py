@@ -15,8 +15,11 @@ offsets for clocks that are not (ranks on several hosts).
 
 CUDA work is asynchronous: a kernel or an NCCL operation returns to the host once it is queued
 on the current stream, so a host clock read right after it measures the queueing, not the work.
-``sync_device`` (and ``span(..., device=...)``) waits for the device first; it is the one place
-labkit's timers synchronise, and a no-op for CPU tensors.
+``sync_device`` waits for every stream of the device (for timing whole steps and benchmarks);
+``span(..., device=...)`` waits for the current stream only, so a span covers the kernels its
+block queued while NCCL's own stream keeps running — overlap stays visible, and a collective
+the block waited for is covered, because ``Work.wait()`` makes the current stream wait for it.
+These are the one place labkit's timers synchronise; both are no-ops for CPU tensors.
 """
 
 from __future__ import annotations
@@ -60,11 +63,22 @@ def sync_device(device: Any) -> None:
     Returns:
         None.
     """
-    if device is None or not str(device).startswith("cuda"):
-        return
-    import torch  # only reached with CUDA tensors, which means torch is loaded already
+    if _is_cuda(device):
+        import torch  # only reached with CUDA tensors, which means torch is loaded already
 
-    torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)
+
+
+def _is_cuda(device: Any) -> bool:
+    return device is not None and str(device).startswith("cuda")
+
+
+def _sync_current_stream(device: Any) -> None:
+    """Wait for the kernels queued on ``device``'s current stream (a no-op off the GPU)."""
+    if _is_cuda(device):
+        import torch
+
+        torch.cuda.current_stream(device).synchronize()
 
 
 @dataclass(frozen=True)
@@ -117,8 +131,9 @@ def span(name: str, kind: str = COMPUTE, *, device: Any = None, **args: Any) -> 
     Args:
         name: what the block does, e.g. ``"forward"``.
         kind: ``"compute"`` (default), ``"comm"``, or a word of your own (drawn as compute).
-        device: where the block's tensors live; on a GPU, ``sync_device`` runs before each
-            clock read, so the span covers the block's kernels and not only their queueing.
+        device: where the block's tensors live; on a GPU the current stream is synchronised
+            before each clock read, so the span covers the block's kernels and not only
+            their queueing (other streams, e.g. NCCL's, are not waited for).
         **args: extra facts to keep with the span (shown in Perfetto).
 
     Returns:
@@ -129,12 +144,12 @@ def span(name: str, kind: str = COMPUTE, *, device: Any = None, **args: Any) -> 
     """
     if not name or not kind:
         raise ValueError(f"a span needs a name and a kind, got name={name!r}, kind={kind!r}")
-    sync_device(device)
+    _sync_current_stream(device)
     start = clock_ns()
     try:
         yield
     finally:
-        sync_device(device)
+        _sync_current_stream(device)
         _spans.append(Span(name, kind, start, clock_ns(), current_rank(), dict(args)))
 
 

@@ -129,7 +129,7 @@ class ModelSplit:
     def recv(self, shape: Sequence[int], src: int) -> torch.Tensor:
         """Receive a tensor of the agreed ``shape`` from rank ``src``, at most ``timeout_s``."""
         buf = torch.empty(tuple(shape), dtype=self.dtype, device=self.device)
-        with span("recv", kind=COMM, peer=src):
+        with span("recv", kind=COMM, device=buf.device, peer=src):
             dist.irecv(buf, group=self.group, group_src=src).wait(self.timeout)
         return buf
 
@@ -158,7 +158,7 @@ class ModelSplit:
         if self.is_last and target is None:
             raise ValueError(f"the last stage ({r}) needs the target")
         saved = _SavedBytes(self.stage)
-        with saved, span("forward", stage=r, op="F"):
+        with saved, span("forward", device=inp.device, stage=r, op="F"):
             try:
                 out = self.stage(inp)
             except RuntimeError as exc:
@@ -188,7 +188,7 @@ class ModelSplit:
             raise RuntimeError("backward() needs a forward() first")
         r, out, inp = self.pp_rank, self.output, self.input
         grad = None if self.is_last else self.recv(self.shapes[r], r + 1)
-        with span("backward", stage=r, op="B"):
+        with span("backward", device=out.device, stage=r, op="B"):
             torch.autograd.backward(out, grad)  # parameter grads accumulate; inp.grad is set
         if not self.is_first:
             self.send(inp.grad, r - 1)

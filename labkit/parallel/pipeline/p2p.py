@@ -34,14 +34,15 @@ def warm_up(group: dist.ProcessGroup | None, device: torch.device) -> None:
 
     ``dist.batch_isend_irecv``'s documentation: "if this API is the first collective call in
     the group passed to dist.P2POp, all ranks of the group must participate in this API
-    call". Every rank of the group calls this at the same point (the start of a step). On
-    other backends it does nothing.
+    call". Every rank of the group calls this at the same point (the start of a step). It
+    acts when the tensors go over NCCL: a CUDA device under ``"nccl"`` or a multi-device
+    backend such as ``"cpu:gloo,cuda:nccl"``; otherwise it does nothing.
 
     Args:
         group: the stages' group (None: the default group).
         device: this rank's device (NCCL: its GPU).
     """
-    if dist.get_backend(group) != "nccl":
+    if device.type != "cuda" or "nccl" not in str(dist.get_backend(group)):
         return
     name = (group or dist.group.WORLD).group_name
     if name not in _warm:

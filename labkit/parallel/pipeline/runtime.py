@@ -23,9 +23,10 @@ receive matches its send whatever order they travel; backends that ignore tags (
 Each action is recorded as a ``lk.trace.span`` named after it (``"1F0"``, kind ``"compute"``,
 with ``stage``, ``op``, ``microbatch`` arguments) and each wait for a message as a span of
 kind ``"comm"``, so ``lk.trace.Timeline`` shows the measured schedule. On a GPU both kinds of
-span synchronise the device before reading the clock (``span(..., device=...)``): kernels and
-NCCL transfers return to the host once queued, and a span closed before they finish would
-shrink the compute, hide the waiting and make the measured bubble smaller than it is.
+span synchronise the current stream before reading the clock (``span(..., device=...)``):
+kernels return to the host once queued, and a span closed before they finish would shrink the
+compute, move it into the next wait and make the measured bubble come out wrong. Each receive
+blocks the host (``Work.wait(timeout)``) until its message is there, on NCCL too.
 """
 
 from __future__ import annotations
