@@ -16,6 +16,7 @@ from labkit.launcher import (
     fit_ranks,
     get_device,
     launch,
+    launch_choice,
     rank_context,
     shutdown,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "device_backend",
     "fit_ranks",
     "get_device",
+    "launch_choice",
     "launch",
     "memory",
     "mesh",

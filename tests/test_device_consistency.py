@@ -40,13 +40,24 @@ def launches(tree: ast.AST):
                 yield node, fn, {k.arg: ast.unparse(k.value) for k in node.keywords}
 
 
-def host_tensors(fn: ast.FunctionDef) -> list[str]:
-    """Tensor factories in ``fn`` with no ``device=`` and not moved on by ``.to(...)``."""
-    moved = {
+def may_be_cuda(kw: dict[str, str]) -> bool:
+    """A launch that hands on the notebook's backend, or a device that is not the CPU."""
+    device = kw.get("device", "").strip("'\"")
+    return kw.get("backend") == "backend" or device not in ("", "cpu")
+
+
+def moved_on(fn: ast.AST) -> set[int]:
+    """ids of the nodes in ``fn`` whose value goes straight into ``.to(...)``."""
+    return {
         id(n.func.value)
         for n in ast.walk(fn)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "to"
     }
+
+
+def host_tensors(fn: ast.FunctionDef) -> list[str]:
+    """Tensor factories in ``fn`` with no ``device=`` and not moved on by ``.to(...)``."""
+    moved = moved_on(fn)
     found = []
     for n in ast.walk(fn):
         if (
@@ -63,14 +74,16 @@ def host_tensors(fn: ast.FunctionDef) -> list[str]:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_ranks_given_the_notebooks_backend_put_tensors_on_their_device(path):
-    """A rank launched with the notebook's `backend` (maybe "nccl") makes no bare CPU tensor."""
+    """A rank that may be on CUDA (the notebook's backend or device) makes no bare CPU tensor."""
     tree = ast.parse(notebook_source(path))
     defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    targets = {fn for _, fn, kw in launches(tree) if kw.get("backend") == "backend" and fn}
-    for name in list(targets):  # and the notebook's functions they call
-        for n in ast.walk(defs.get(name, ast.Module(body=[], type_ignores=[]))):
+    targets = {fn for _, fn, kw in launches(tree) if fn and may_be_cuda(kw)}
+    for name in list(targets):  # and the notebook's functions they call (unless moved on)
+        fn = defs.get(name, ast.Module(body=[], type_ignores=[]))
+        for n in ast.walk(fn):
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in defs:
-                targets.add(n.func.id)
+                if id(n) not in moved_on(fn):
+                    targets.add(n.func.id)
     bad = {name: host_tensors(defs[name]) for name in sorted(targets) if name in defs}
     bad = {name: lines for name, lines in bad.items() if lines}
     assert not bad, (
@@ -132,3 +145,19 @@ def test_tests_that_launch_on_nccl_or_cuda_are_gpu_tests():
                 if wants and "gpu" not in marks and "cuda" not in marks:
                     found.append(f"{path.name}::{fn.name}")
     assert not found, f"mark these @pytest.mark.gpu (they need one GPU per rank): {found}"
+
+
+def test_the_scan_finds_what_it_is_for():
+    """The check above on a planted example: a bare CPU tensor found, moved ones not."""
+    tree = ast.parse(
+        "def bad(rank, world_size):\n"
+        "    x = torch.zeros(3)\n"
+        "    y = torch.ones(3, device=lk.get_device())\n"
+        "    z = torch.randn(3, generator=g).to(lk.get_device())\n"
+        "lk.launch(bad, 2, backend=backend, device=device)\n"
+    )
+    ((call, fn, kw),) = launches(tree)
+    assert fn == "bad" and may_be_cuda(kw)
+    assert not may_be_cuda({"backend": "reference", "device": "'cpu'"})
+    fn_def = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert host_tensors(fn_def) == ["line 2: torch.zeros(3)"]

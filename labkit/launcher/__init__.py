@@ -16,12 +16,20 @@ from collections.abc import Callable
 from typing import Any
 
 from labkit.launcher._backend_spec import BackendSpec
-from labkit.launcher._checks import LABKIT_BACKENDS, check_fn, fit_ranks, make_plan, pickle_call
-from labkit.launcher._context import device_backend, get_device, rank_context
+from labkit.launcher._checks import (
+    LABKIT_BACKENDS,
+    check_fn,
+    fit_ranks,
+    launch_choice,
+    make_plan,
+    pickle_call,
+)
+from labkit.launcher._context import backend_for, device_backend, get_device, rank_context
 from labkit.launcher._pool import _lock, current_zygote_pid, get_zygote, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 
 __all__ = [
+    "backend_for",
     "BackendSpec",
     "LABKIT_BACKENDS",
     "LaunchTimeout",
@@ -31,6 +39,7 @@ __all__ = [
     "device_backend",
     "fit_ranks",
     "get_device",
+    "launch_choice",
     "launch",
     "rank_context",
     "shutdown",

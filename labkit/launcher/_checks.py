@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from labkit.launcher._backend_spec import BackendSpec
-from labkit.launcher.device_rule import MULTI_DEVICE, choose
+from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose
 from labkit.launcher.launch_log import note_launch
 
 # Backends that labkit implements itself: name -> module whose import registers it with
@@ -120,6 +120,30 @@ def resolve(backend, device, world_size: int) -> tuple[str, BackendSpec | None, 
         module = LABKIT_BACKENDS[choice.backend]
         return choice.backend, BackendSpec(choice.backend, module=module), template
     return choice.backend, None, template
+
+
+def launch_choice(world_size: int, backend: str = "auto", device: str = "auto") -> Choice:
+    """What ``lk.launch(fn, world_size, backend=..., device=...)`` would run on, here and now.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb. For code that must know before it
+    launches: e.g. a wrapping backend (``recording.spec(inner)``) needs one inner backend,
+    ``labkit.launcher._context.backend_for(choice.backend, choice.device)``.
+
+    Args:
+        world_size: ranks of the launch.
+        backend: a backend name (``"auto"``, ``"gloo"``, ``"nccl"``, a labkit one).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        The ``device_rule.Choice`` (its note unprinted).
+
+    Raises:
+        ValueError / RuntimeError: as ``lk.launch`` would, before starting anything.
+    """
+    import torch.distributed as dist
+
+    name = _check_name(backend)
+    return choose(name, device, world_size, _gpu_count(), dist.is_nccl_available())
 
 
 def fit_ranks(
