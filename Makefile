@@ -9,7 +9,7 @@ STAMP := $(VENV)/.labkit-installed
 COURSE_ARGS ?= --fast
 PYTEST_ARGS ?=
 
-.PHONY: setup course test test-quick lab doctor bench lint clean
+.PHONY: setup course test test-quick lab doctor bench lint clean gpu-check
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ test-quick: setup
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/
+
+# On a GPU machine: GPU tests and the whole course on CUDA, summary in gpu-check/summary.md.
+gpu-check:
+	bash .ci/gpu-check
 
 doctor: setup
 	$(BIN)/labkit doctor

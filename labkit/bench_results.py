@@ -72,8 +72,14 @@ def check_sizes(sizes_bytes: Iterable[int]) -> list[int]:
 
 
 def default_device() -> torch.device:
-    """This rank's device: the launcher's, else CUDA under NCCL and CPU otherwise."""
+    """This rank's device: the launcher's (or a lab script's), else CUDA under pure NCCL.
+
+    Outside labkit (plain torchrun code) only a group that is NCCL alone says where the
+    tensors must be; ``"cpu:gloo,cuda:nccl"`` serves both, and the CPU is the safe choice.
+    """
     try:
         return get_device()
-    except RuntimeError:  # not inside lk.launch (e.g. under torchrun): the backend decides
-        return torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+    except RuntimeError:  # not inside lk.launch or a lab script: the backend decides
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")

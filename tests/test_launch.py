@@ -280,12 +280,16 @@ def test_auto_picks_nccl_with_a_gpu_per_rank():
 
         t = torch.ones(4, device=lk.get_device()) * rank
         dist.all_reduce(t)
-        return dist.get_backend(), str(lk.get_device()), t.cpu()
+        flag = torch.tensor([rank])  # a CPU tensor in passing: gloo carries it
+        dist.all_reduce(flag)
+        return dist.get_backend(), lk.device_backend(), str(lk.get_device()), t.cpu(), flag
 
     out = lk.launch(fn, world_size=2)
-    assert [o[0] for o in out] == ["nccl", "nccl"]
-    assert [o[1] for o in out] == ["cuda:0", "cuda:1"]
-    torch.testing.assert_close(out[0][2], torch.ones(4))
+    assert [o[0] for o in out] == ["cpu:gloo,cuda:nccl"] * 2
+    assert [o[1] for o in out] == ["nccl", "nccl"]
+    assert [o[2] for o in out] == ["cuda:0", "cuda:1"]
+    torch.testing.assert_close(out[0][3], torch.ones(4))
+    assert out[0][4].item() == 1
 
 
 def _ddp_steps(rank, world_size, steps):

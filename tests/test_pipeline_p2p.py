@@ -217,7 +217,8 @@ def test_warm_up_runs_once_exactly_when_the_tensors_go_over_nccl(
         all_reduce=lambda t, group=None: reduced.append(t),
     )
     monkeypatch.setattr(p2p, "dist", fake)
-    monkeypatch.setattr(p2p, "torch", SimpleNamespace(zeros=lambda n, device: ("zeros", device)))
+    zeros = lambda n, device: ("zeros", device)  # noqa: E731 - a CUDA tensor on a CPU build
+    monkeypatch.setattr(p2p, "torch", SimpleNamespace(zeros=zeros, device=torch.device))
     monkeypatch.setattr(p2p, "_warm", set())
     for _ in range(2):  # the second step finds the group warm
         p2p.warm_up(None, torch.device(device))

@@ -16,19 +16,30 @@ from collections.abc import Callable
 from typing import Any
 
 from labkit.launcher._backend_spec import BackendSpec
-from labkit.launcher._checks import LABKIT_BACKENDS, check_fn, make_plan, pickle_call
-from labkit.launcher._context import get_device, rank_context
+from labkit.launcher._checks import (
+    LABKIT_BACKENDS,
+    check_fn,
+    fit_ranks,
+    launch_choice,
+    make_plan,
+    pickle_call,
+)
+from labkit.launcher._context import backend_for, device_backend, get_device, rank_context
 from labkit.launcher._pool import _lock, current_zygote_pid, get_zygote, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 
 __all__ = [
+    "backend_for",
     "BackendSpec",
     "LABKIT_BACKENDS",
     "LaunchTimeout",
     "RankError",
     "RankFailure",
     "current_zygote_pid",
+    "device_backend",
+    "fit_ranks",
     "get_device",
+    "launch_choice",
     "launch",
     "rank_context",
     "shutdown",
@@ -48,18 +59,22 @@ def launch(
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
 
     Each rank runs inside an initialised default process group (destroyed afterwards); inside
-    it, ``lk.get_device()`` is the rank's device (``cuda:<rank>`` with NCCL, else cpu).
+    it, ``lk.get_device()`` is the rank's device (``cuda:<rank>`` or cpu). The "auto" rule
+    (``labkit.launcher.device_rule``): CUDA when there is a GPU per rank, else the CPU (said
+    in a note when GPUs are there); the backend follows, ``"cpu:gloo,cuda:nccl"`` on CUDA (so
+    CPU tensors still work, over gloo) and ``"gloo"`` on the CPU.
 
     Args:
         fn: the function every rank runs; defined anywhere, notebook cells included.
         world_size: number of ranks (processes).
-        backend: ``"auto"`` (NCCL with one GPU per rank, else gloo), ``"gloo"``, ``"nccl"``,
+        backend: ``"auto"`` (see above), ``"gloo"``, ``"nccl"`` (CUDA tensors only),
             a labkit backend name (``"labkit_shm"``, ...) or an ``lk.BackendSpec`` that
             registers a backend of your own in every rank.
         args: extra positional arguments for ``fn`` (sent to every rank by value).
         kwargs: extra keyword arguments for ``fn``.
         timeout: seconds before every rank is stopped and their stacks are reported.
-        device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (rank r uses GPU r).
+        device: ``"auto"`` (see above), ``"cpu"`` or ``"cuda"`` (rank r uses GPU r; needs one
+            GPU per rank).
         verbose: also show library chatter (c10d and gloo logs, torch deprecation warnings).
 
     Returns:

@@ -6,9 +6,11 @@ import inspect
 import math
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 from labkit.launcher._backend_spec import BackendSpec
+from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose
 from labkit.launcher.launch_log import note_launch
 
 # Backends that labkit implements itself: name -> module whose import registers it with
@@ -97,14 +99,148 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def resolve_backend(backend, world_size: int, device: str) -> tuple[str, BackendSpec | None]:
-    """The backend name to initialise, and the spec that registers it in the ranks (if any)."""
+def resolve(backend, device, world_size: int) -> tuple[str, BackendSpec | None, str]:
+    """The backend to initialise, the spec that registers it in the ranks, the device template.
+
+    ``labkit.launcher.device_rule`` holds the rule; this adds the checks of names and of
+    ``BackendSpec``s (which serve the device types they declare).
+    """
+    if not isinstance(device, str):
+        device = str(device)
     if isinstance(backend, BackendSpec):
-        return backend.name.lower(), backend
-    name = _resolve_builtin(backend, world_size, device)
-    if name in LABKIT_BACKENDS:
-        return name, BackendSpec(name, module=LABKIT_BACKENDS[name])
-    return name, None
+        return backend.name.lower(), backend, _spec_device(backend, device, world_size)
+    import torch.distributed as dist
+
+    name = _check_name(backend)
+    choice = choose(name, device, world_size, _gpu_count(), dist.is_nccl_available())
+    if choice.note:
+        _say_once(choice.note)
+    template = "cuda:{rank}" if choice.device == "cuda" else "cpu"
+    if choice.backend in LABKIT_BACKENDS:
+        module = LABKIT_BACKENDS[choice.backend]
+        return choice.backend, BackendSpec(choice.backend, module=module), template
+    return choice.backend, None, template
+
+
+def launch_choice(world_size: int, backend: str = "auto", device: str = "auto") -> Choice:
+    """What ``lk.launch(fn, world_size, backend=..., device=...)`` would run on, here and now.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb. For code that must know before it
+    launches: e.g. a wrapping backend (``recording.spec(inner)``) needs one inner backend,
+    ``labkit.launcher._context.backend_for(choice.backend, choice.device)``.
+
+    Args:
+        world_size: ranks of the launch.
+        backend: a backend name (``"auto"``, ``"gloo"``, ``"nccl"``, a labkit one).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        The ``device_rule.Choice`` (its note unprinted).
+
+    Raises:
+        ValueError / RuntimeError: as ``lk.launch`` would, before starting anything.
+    """
+    import torch.distributed as dist
+
+    name = _check_name(backend)
+    return choose(name, device, world_size, _gpu_count(), dist.is_nccl_available())
+
+
+def fit_ranks(
+    world_size: int,
+    backend: str = "auto",
+    device: str = "auto",
+    *,
+    at_least: int = 1,
+    multiple_of: int = 1,
+    why: str = "",
+) -> tuple[int, str, str]:
+    """A notebook's world size, backend and device, fitted to what its lesson and machine allow.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb; every notebook's parameter cell
+    calls it, so that ``labkit course run --world-size N --device cuda`` runs the whole course
+    on any machine and says where it had to differ:
+
+    - a lesson that needs more ranks (a parameter server and two workers: 3) or a multiple
+      (a 2-D mesh: even) launches the next world size that fits, and says so;
+    - NCCL needs one GPU per rank: asked for CUDA (``device="cuda"`` or ``backend="nccl"``)
+      with fewer GPUs than ranks, the lesson runs on CPU ranks over gloo, and says so.
+      "auto" is left to the launcher, which decides the same way for each launch
+      (``labkit.launcher.device_rule``).
+
+    Args:
+        world_size: the notebook's ``world_size`` parameter (at least 1).
+        backend: the notebook's ``backend`` parameter.
+        device: the notebook's ``device`` parameter.
+        at_least: the fewest ranks the lesson can show its point with.
+        multiple_of: the world size must be a multiple of this.
+        why: the lesson's reason, shown in the note (e.g. "2-D meshes need an even size").
+
+    Returns:
+        ``(world_size, backend, device)`` to launch with.
+
+    Raises:
+        ValueError: a world size that is not a positive integer.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    fitted = max(world_size, at_least)
+    fitted += -fitted % multiple_of
+    if fitted != world_size:
+        reason = f"{why}: " if why else ""
+        print(
+            f"note: {reason}launching {fitted} ranks instead of world_size={world_size}",
+            file=sys.stderr,
+            flush=True,
+        )
+    wants_gpu = device == "cuda" or str(backend).lower() == "nccl"
+    gpus = _gpu_count() if wants_gpu else 0
+    if not wants_gpu or gpus >= fitted:
+        return fitted, backend, device
+    cpu_backend = "gloo" if str(backend).lower() in ("auto", "nccl", MULTI_DEVICE) else backend
+    print(
+        f"note: this lesson runs {fitted} ranks and NCCL needs one GPU per rank, but "
+        f"{gpus} GPU(s) are visible: its ranks run on the CPU over {cpu_backend} "
+        f"(device='cpu')"
+        if gpus
+        else f"note: device={device!r}/backend={backend!r} asked for, but no GPU is visible: "
+        f"the ranks run on the CPU over {cpu_backend}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return fitted, cpu_backend, "cpu"
+
+
+def _spec_device(spec: BackendSpec, device: str, world_size: int) -> str:
+    served = tuple(spec.devices)
+    if device == "auto":
+        device = "cpu" if "cpu" in served else "cuda"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device not in served:
+        raise ValueError(
+            f"backend {spec.name!r} serves {', '.join(served)} tensors only (its BackendSpec's "
+            f"devices), not device={device!r}"
+        )
+    if device == "cuda":
+        gpus = _gpu_count()
+        if gpus < world_size:
+            raise RuntimeError(
+                f"backend {spec.name!r} on CUDA puts rank r on GPU r: world_size={world_size} "
+                f"needs {world_size} GPUs, this machine has {gpus}. Use fewer ranks."
+            )
+        return "cuda:{rank}"
+    return "cpu"
+
+
+_said: set[str] = set()
+
+
+def _say_once(note: str) -> None:
+    """Print a note about what "auto" chose once per process (a notebook launches often)."""
+    if note not in _said:
+        _said.add(note)
+        print(f"note: {note}", file=sys.stderr, flush=True)
 
 
 def available_labkit_backends() -> list[str]:
@@ -121,8 +257,7 @@ def available_labkit_backends() -> list[str]:
     return found
 
 
-def _resolve_builtin(backend: str, world_size: int, device: str) -> str:
-    import torch
+def _check_name(backend) -> str:
     import torch.distributed as dist
 
     if not isinstance(backend, str):
@@ -135,12 +270,8 @@ def _resolve_builtin(backend: str, world_size: int, device: str) -> str:
             "backend='tcp' no longer exists: PyTorch removed it in 1.0. Use 'gloo' for CPU "
             "tensors (or 'nccl' on GPUs); 'tcp://host:port' was an init_method, not a backend."
         )
-    if name == "auto":
-        gpus = _gpu_count()
-        wants_cpu = device == "cpu"
-        if not wants_cpu and gpus >= world_size and dist.is_nccl_available():
-            return "nccl"
-        return "gloo"
+    if name in ("auto", MULTI_DEVICE):
+        return "auto"  # the multi-device string is what "auto" chooses on GPUs
     ours = available_labkit_backends()
     known = set(BUILTIN_BACKENDS) | set(ours)
     known |= {b.lower() for b in getattr(dist.Backend, "backend_list", [])}
@@ -151,52 +282,9 @@ def _resolve_builtin(backend: str, world_size: int, device: str) -> str:
             + "".join(f", {b!r}" for b in sorted(ours))
             + ", or an lk.BackendSpec for a backend of your own"
         )
-    if name == "nccl":
-        if not dist.is_nccl_available():
-            raise RuntimeError(
-                "backend='nccl' needs NVIDIA GPUs and a CUDA build of PyTorch; this one is "
-                f"torch {torch.__version__} without NCCL. Use backend='gloo' (CPU)."
-            )
-        gpus = _gpu_count()
-        if gpus < world_size:
-            raise RuntimeError(
-                f"backend='nccl' needs one GPU per rank: world_size={world_size} but this "
-                f"machine has {gpus} GPU(s). Use backend='gloo' (CPU) or fewer ranks."
-            )
     if name == "gloo" and not dist.is_gloo_available():
         raise RuntimeError("this PyTorch build has no gloo backend; reinstall torch")
     return name
-
-
-# labkit's backends that register for CPU tensors only (``devices=["cpu"]``): a CUDA tensor
-# reaches them only to fail at its first operation with torch's generic "no backend" error.
-CPU_ONLY_BACKENDS = ("labkit_shm", "labkit_cpp")
-
-
-def resolve_device(device: str, backend: str, world_size: int) -> str:
-    if not isinstance(device, str):
-        device = str(device)
-    if device == "auto":
-        return "cuda:{rank}" if backend == "nccl" else "cpu"
-    if device == "cpu":
-        if backend == "nccl":
-            raise ValueError("backend='nccl' works on CUDA tensors only; use device='cuda'")
-        return "cpu"
-    if device in ("cuda", "cuda:{rank}"):
-        if backend in CPU_ONLY_BACKENDS:
-            raise ValueError(
-                f"backend={backend!r} moves CPU tensors only (its ranks exchange host memory); "
-                "it cannot serve device='cuda'. Use device='cpu' with it, or backend='nccl' "
-                "(or 'auto') for CUDA tensors."
-            )
-        gpus = _gpu_count()
-        if gpus < world_size:
-            raise RuntimeError(
-                f"device='cuda' puts rank r on GPU r: world_size={world_size} needs "
-                f"{world_size} GPUs, this machine has {gpus}. Use device='cpu' or fewer ranks."
-            )
-        return "cuda:{rank}"
-    raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
 
 
 def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
@@ -206,8 +294,7 @@ def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
             f"timeout must be a positive number of seconds, got {timeout!r}: every launch "
             "has a deadline, so a deadlock ends with a diagnosis instead of a hang"
         )
-    backend, spec = resolve_backend(backend, world_size, device)
-    device = resolve_device(device, backend, world_size)
+    backend, spec, device = resolve(backend, device, world_size)
     threads = max(1, (os.cpu_count() or 1) // world_size)
     note_launch(backend, device, world_size)  # what "auto" became, for the course report
     return Plan(

@@ -47,3 +47,51 @@ def get_device():
         RuntimeError: when called outside a rank started by ``lk.launch``.
     """
     return rank_context().device
+
+
+def device_backend(group=None, device=None) -> str:
+    """The backend that carries tensors on ``device`` in ``group``: its name for that device.
+
+    Under the launcher's "auto" rule a group on GPUs is ``"cpu:gloo,cuda:nccl"``: CUDA
+    tensors go over NCCL and CPU tensors over gloo, so "which backend?" has an answer only
+    per device type. ``torch.distributed.get_backend`` returns the whole string.
+
+    Introduced in notebooks/00_setup_and_launcher.ipynb.
+
+    Args:
+        group: the process group (None: the default group).
+        device: the tensors' device (None: ``get_device()``, this rank's device).
+
+    Returns:
+        e.g. ``"nccl"``, ``"gloo"``, ``"labkit_shm"``.
+
+    Raises:
+        RuntimeError: no default group, or ``device`` None outside a launched rank.
+        ValueError: the group has no backend for that device type.
+    """
+    import torch
+    import torch.distributed as dist
+
+    kind = torch.device(device if device is not None else get_device()).type
+    return backend_for(str(dist.get_backend(group)), kind)
+
+
+def backend_for(backend: str, device_type: str) -> str:
+    """The part of a backend string that serves ``device_type`` (``"cpu:gloo,cuda:nccl"``).
+
+    Args:
+        backend: a backend as ``init_process_group`` takes it.
+        device_type: ``"cpu"``, ``"cuda"``, ...
+
+    Returns:
+        The backend for that device type (the whole string when it names one backend).
+
+    Raises:
+        ValueError: a multi-device string without that device type.
+    """
+    if ":" not in backend:
+        return backend
+    parts = dict(p.split(":", 1) for p in backend.split(","))
+    if device_type not in parts:
+        raise ValueError(f"backend {backend!r} has no backend for {device_type} tensors")
+    return parts[device_type]

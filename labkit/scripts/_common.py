@@ -14,6 +14,7 @@ import argparse
 import gc
 import hashlib
 import os
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from labkit.launcher._context import set_rank_context
+from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose_for_job
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ def init(backend: str = "auto", timeout_s: float = 120.0) -> Env:
     Introduced in notebooks/15_fault_tolerance.ipynb.
 
     Args:
-        backend: ``"auto"`` (NCCL when this local rank has a GPU, else gloo) or a name.
+        backend: ``"auto"`` (``labkit.launcher.device_rule``: CUDA when every host of the
+            job has a GPU per worker, else the CPU, for every rank alike) or a name.
         timeout_s: the process group's collective timeout.
 
     Returns:
@@ -84,11 +89,11 @@ def init(backend: str = "auto", timeout_s: float = 120.0) -> Env:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    gpu = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
-    if backend == "auto":
-        backend = "nccl" if gpu else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
+    choice, gpu_index, hosts = _choose(backend, rank, world_size, restart_count, timeout_s)
+    if choice.note and rank == 0:
+        print(f"[rank 0] note: {choice.note}", file=sys.stderr, flush=True)
+    if choice.device == "cuda":
+        device = torch.device("cuda", gpu_index)
         torch.cuda.set_device(device)
         # Deterministic cuBLAS needs this set before the first cuBLAS call.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -96,15 +101,53 @@ def init(backend: str = "auto", timeout_s: float = 120.0) -> Env:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # one thread per rank: no oversubscription, fixed op order
     torch.use_deterministic_algorithms(True)
+    set_rank_context(rank, world_size, device, choice.backend)
+    return Env(rank, world_size, local_rank, restart_count, device)
+
+
+def _choose(
+    backend: str, rank: int, world_size: int, restart_count: int, timeout_s: float
+) -> tuple[Choice, int, list]:
+    """Create the process group, then take the device decision that every rank shares.
+
+    The rule is ``labkit.launcher.device_rule``'s. A rank alone cannot apply it: "one GPU per
+    rank" is a fact about every host of the job, and two torchrun agents on one host both
+    number their workers from local rank 0. So every rank publishes its host (hostname and
+    ``CUDA_VISIBLE_DEVICES``) and GPU count, and all take the same decision from the same
+    list: on one GPU with two workers both run on the CPU instead of one taking NCCL and the
+    other gloo (a hang until the timeout), and two agents on one host get different GPUs.
+
+    Returns:
+        ``(choice, this rank's GPU index, every rank's (host, GPUs))``; the choice's backend
+        is the one the group was created with.
+    """
+    name = backend.lower()
+    nccl = dist.is_nccl_available()
+    # "auto": PyTorch's multi-device backend whenever the build has NCCL (the same string on
+    # every rank of a job that shares an installation), so the device can be chosen later.
+    created = (MULTI_DEVICE if nccl else "gloo") if name == "auto" else name
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend,
+        created,
         store=_attempt_store(rank, world_size, restart_count, timeout),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
     )
-    return Env(rank, world_size, local_rank, restart_count, device)
+    mine = (f"{socket.gethostname()}|{os.environ.get('CUDA_VISIBLE_DEVICES', '')}", _gpus())
+    hosts: list = [None] * world_size
+    # Object collectives run on CPU tensors: gloo, or a side gloo group under another backend.
+    side = None if created in ("gloo", MULTI_DEVICE) else dist.new_group(backend="gloo")
+    dist.all_gather_object(hosts, mine, group=side)
+    if side is not None:
+        dist.destroy_process_group(side)
+    choice, index = choose_for_job(name, "auto", hosts, rank, nccl)
+    return Choice(created, choice.device, choice.note), index, hosts
+
+
+def _gpus() -> int:
+    """GPUs this process may use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _attempt_store(

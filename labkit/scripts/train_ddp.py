@@ -123,8 +123,10 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
     if args.clip is not None and not args.clip > 0:
         p.error(f"--clip must be > 0, got {args.clip}")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    gpu = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
+    # Before the group exists, this host's view of the device rule (one GPU per local worker);
+    # main() checks again with the device every rank agreed on.
+    workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() >= workers
     device = "cuda" if gpu and args.backend in ("auto", "nccl") else "cpu"
     reason = unsupported_reason(args.precision, device)
     if reason is not None:
@@ -186,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _check(p, args)
     env = _common.init(args.backend, args.timeout)
+    from labkit.precision import unsupported_reason
+
+    reason = unsupported_reason(args.precision, env.device)
+    if reason is not None:  # every rank has the same device, so every rank stops here
+        raise SystemExit(f"[rank {env.rank}] --precision {args.precision}: {reason}")
     model = models.MLP(seed=args.seed).to(env.device)
     if args.ddp == "torch":
         ddp: nn.Module = nn.parallel.DistributedDataParallel(model)

@@ -22,6 +22,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from labkit.launcher._context import backend_for
+
 __all__ = ["Exchange", "warm_up"]
 
 _warm: set[str] = set()  # names of the NCCL groups that have run their first collective
@@ -42,8 +44,8 @@ def warm_up(group: dist.ProcessGroup | None, device: torch.device) -> None:
         group: the stages' group (None: the default group).
         device: this rank's device (NCCL: its GPU).
     """
-    if device.type != "cuda" or "nccl" not in str(dist.get_backend(group)):
-        return
+    if backend_for(str(dist.get_backend(group)), torch.device(device).type) != "nccl":
+        return  # gloo, or CPU tensors under "cpu:gloo,cuda:nccl"
     name = (group or dist.group.WORLD).group_name
     if name not in _warm:
         dist.all_reduce(torch.zeros(1, device=device), group=group)
