@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
-import sys
+
+from labkit.preflight.torch_cuda import probe_torch_cuda
 
 __all__ = ["gpu_count"]
-
-PROBE_TIMEOUT_S = 120.0  # importing torch and initialising CUDA in a fresh process
-_PROBE = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
 
 
 def gpu_count() -> int:
@@ -63,14 +60,5 @@ def gpu_count() -> int:
 def _probe_in_subprocess(visible: str | None) -> int:
     """Ask torch in a fresh process (keyed on ``CUDA_VISIBLE_DEVICES``, which changes it)."""
     del visible  # the cache key; the child inherits the environment
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-        return max(0, int(done.stdout.strip().splitlines()[-1]))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return 0
+    probe = probe_torch_cuda()  # labkit doctor's probe: python -c, bounded in time
+    return probe.device_count if probe.available else 0
