@@ -145,8 +145,8 @@ def profile_steps(
         record_shapes: also record input shapes (bigger traces).
         cuda: also record CUDA kernels (default: when this rank's device, ``lk.get_device()``,
             is a GPU; outside ``lk.launch``, when this process has initialised CUDA). A CPU
-            rank on a GPU machine records no CUDA activity. With CUDA, each step ends with
-            ``torch.cuda.synchronize``, so a step's time covers its kernels.
+            rank on a GPU machine records no CUDA activity. On a CUDA rank each step ends
+            with ``torch.cuda.synchronize``, so a step's time covers its kernels.
 
     Returns:
         RankProfile: the trace's path, step times, PyTorch's op table and the spans.
@@ -155,7 +155,6 @@ def profile_steps(
         ValueError: ``active < 1`` or a negative ``wait``/``warmup``.
         OSError: the trace cannot be written.
     """
-    import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from labkit.trace.spans import current_rank
@@ -167,7 +166,7 @@ def profile_steps(
     rank = current_rank()
     os.makedirs(trace_dir, exist_ok=True)
     path = os.path.join(trace_dir, f"rank{rank}.json")
-    device = _rank_device(torch)
+    device = _rank_device()
     if cuda is None:
         cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
@@ -175,7 +174,7 @@ def profile_steps(
     with profile(activities=activities, schedule=plan, record_shapes=record_shapes) as prof:
         for _ in range(wait + warmup + active):
             step()
-            sync_device(device if cuda else None)  # the step ends when its kernels have run
+            sync_device(device)  # on a GPU, the step ends when its kernels have run
             prof.step()
     prof.export_chrome_trace(path)
     with open(path, encoding="utf-8") as f:
@@ -191,8 +190,10 @@ def profile_steps(
     )
 
 
-def _rank_device(torch: Any) -> Any:
+def _rank_device() -> Any:
     """The launcher's device for this rank; outside a rank, CUDA only if already in use here."""
+    import torch
+
     try:
         return get_device()
     except RuntimeError:  # not inside lk.launch; is_initialized() does not initialise CUDA
