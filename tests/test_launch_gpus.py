@@ -32,9 +32,22 @@ def test_a_cpu_build_counts_zero_without_initialising_cuda() -> None:
 
 
 @pytest.mark.parametrize("n", [0, 1, 8])
-def test_nvml_answers(cuda_build, monkeypatch, n) -> None:
+def test_nvml_answers_and_torch_confirms_in_a_subprocess(cuda_build, monkeypatch, n) -> None:
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: n)
+    probes = []
+    monkeypatch.setattr(_gpus, "probe_torch_cuda", lambda: probes.append(1) or TorchCuda(True, n))
     assert _gpus.gpu_count() == n
+    assert _gpus.gpu_count() == n
+    assert len(probes) == (1 if n else 0)  # no GPU listed: nothing to ask; else asked once
+
+
+def test_listed_gpus_torch_cannot_use_do_not_count(cuda_build, monkeypatch, capsys) -> None:
+    """A 535 driver lists the GPUs to NVML; torch's CUDA 13 build cannot use them."""
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2)
+    monkeypatch.setattr(_gpus, "probe_torch_cuda", lambda: TorchCuda(False, 0))
+    monkeypatch.setattr(_gpus, "_said", set())
+    assert _gpus.gpu_count() == 0
+    assert "the driver lists 2 GPU(s) but torch can use 0" in capsys.readouterr().err
 
 
 def test_a_cpu_build_asks_nothing(cuda_build, monkeypatch) -> None:

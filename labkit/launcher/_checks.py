@@ -94,9 +94,10 @@ def check_world_size(world_size) -> int:
 
 
 def _gpu_count() -> int:
-    import torch
+    """GPUs visible here, counted without initialising CUDA in this (the kernel's) process."""
+    from labkit.launcher._gpus import gpu_count
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpu_count()
 
 
 def resolve(backend, device, world_size: int) -> tuple[str, BackendSpec | None, str]:

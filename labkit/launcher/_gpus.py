@@ -14,14 +14,17 @@ back to the CUDA runtime in this process: where NVML cannot answer (no NVML libr
 UUIDs, ROCm) a short-lived subprocess asks torch.
 
 NVML counts the GPUs the driver lists; it does not check that this torch build can run on
-them (a driver too old for the build's CUDA, FINDINGS: torch 2.13 needs a 580-series driver).
-``labkit doctor`` reports that case; a rank placed on such a GPU fails with torch's error.
+them (a driver too old for the build's CUDA: torch 2.13's CUDA 13 wheel needs a 580-series
+driver). So where NVML lists GPUs, one subprocess per ``CUDA_VISIBLE_DEVICES`` value asks torch
+(cached for the process), and only the GPUs torch can use count; a note says when they differ,
+and ``labkit doctor`` says why.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 
 from labkit.preflight.torch_cuda import probe_torch_cuda
 
@@ -34,10 +37,10 @@ def gpu_count() -> int:
     Introduced in notebooks/00_setup_and_launcher.ipynb.
 
     Returns:
-        int: 0 on a CPU-only torch build or without torch; NVML's count (after
-        ``CUDA_VISIBLE_DEVICES``) when NVML answers; ``torch.cuda.device_count()`` when this
-        process has initialised CUDA already (nothing left to protect); else the answer of a
-        subprocess that asks ``torch.cuda.is_available()`` (0 if it does not answer).
+        int: 0 on a CPU-only torch build, without torch, or when NVML lists no GPU;
+        ``torch.cuda.device_count()`` when this process has initialised CUDA already (nothing
+        left to protect); else the GPUs a subprocess's torch can use (0 if it does not
+        answer), asked once per ``CUDA_VISIBLE_DEVICES``.
     """
     try:
         import torch  # importing torch does not initialise CUDA
@@ -51,9 +54,28 @@ def gpu_count() -> int:
     count_nvml = getattr(cuda, "_device_count_nvml", None)
     if count_nvml is not None and not torch.version.hip:
         n = count_nvml()  # negative: NVML could not answer
-        if n >= 0:
-            return n
+        if n == 0:
+            return 0
+        if n > 0:
+            # Listed is not usable: once per CUDA_VISIBLE_DEVICES, a subprocess asks torch.
+            usable = _probe_in_subprocess(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if usable < n:
+                _say_once(
+                    f"note: the driver lists {n} GPU(s) but torch can use {usable} (a driver "
+                    "too old for this build's CUDA, or GPUs too old for its kernels): "
+                    "`labkit doctor` says which; device='auto' counts only the usable ones"
+                )
+            return usable
     return _probe_in_subprocess(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+_said: set[str] = set()
+
+
+def _say_once(note: str) -> None:
+    if note not in _said:
+        _said.add(note)
+        print(note, file=sys.stderr, flush=True)
 
 
 @functools.lru_cache(maxsize=8)
