@@ -20,6 +20,12 @@ rounds. Importing this package imports torch only when a profile is taken.
 
 from __future__ import annotations
 
+from labkit.profile.gpu_memory import (
+    CudaMemory,
+    cuda_block_bytes,
+    cuda_memory,
+    cuda_tensor_bytes,
+)
 from labkit.profile.profiler import (
     CommComputeRow,
     OpRow,
@@ -34,6 +40,7 @@ from labkit.profile.traces import check_profiler_trace, merge_traces, self_times
 
 __all__ = [
     "CommComputeRow",
+    "CudaMemory",
     "OpRow",
     "RankProfile",
     "SpeedupRow",
@@ -41,6 +48,9 @@ __all__ = [
     "amdahl_speedup",
     "check_profiler_trace",
     "comm_compute",
+    "cuda_block_bytes",
+    "cuda_memory",
+    "cuda_tensor_bytes",
     "is_comm_op",
     "measure_speedups",
     "merge_traces",
