@@ -21,6 +21,7 @@ rounds. Importing this package imports torch only when a profile is taken.
 from __future__ import annotations
 
 from labkit.profile.gpu_memory import (
+    CUDA_BLOCK_BYTES,
     CudaMemory,
     cuda_block_bytes,
     cuda_memory,
@@ -39,6 +40,7 @@ from labkit.profile.speedup import SpeedupRow, SpeedupTable, amdahl_speedup, mea
 from labkit.profile.traces import check_profiler_trace, merge_traces, self_times
 
 __all__ = [
+    "CUDA_BLOCK_BYTES",
     "CommComputeRow",
     "CudaMemory",
     "OpRow",
