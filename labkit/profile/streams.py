@@ -47,7 +47,8 @@ def is_nccl_kernel(name: str) -> bool:
         name: the kernel's name in the trace.
 
     Returns:
-        True for names starting with ``ncclDevKernel`` (NCCL ≥ 2.19) or ``ncclKernel``.
+        True for names starting with ``ncclDevKernel`` (current NCCL) or ``ncclKernel``
+        (older releases).
     """
     return name.startswith(NCCL_KERNEL_PREFIXES)
 
