@@ -77,6 +77,7 @@ def _train_all_stages(rank: int, world_size: int) -> dict:
             "partial_grad_error": _partial_gradient_error(stage) if stage >= 2 else "",
             "ops": ops,
             "measured": opt.rank_bytes(),
+            "held": zero.storage_bytes(opt.held_tensors()),
             "model": opt.model_bytes(),
             "peak": opt.peak_bytes,
             "shard_numel": sum(s.numel() for s in opt.shards),
@@ -232,6 +233,15 @@ def test_measured_bytes_per_rank_are_within_10_percent_of_the_model(runs, stage)
             assert measured.grads_bytes == 4 * s
         if stage == 3:
             assert measured.params_bytes == 4 * s
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_held_tensors_are_the_storages_rank_bytes_counts(runs, stage):
+    # held_tensors() feeds other counts (the CUDA allocator's blocks in notebook 13): its
+    # distinct storages must be exactly what rank_bytes adds up.
+    _, res = runs
+    for out in res:
+        assert out[stage]["held"] == out[stage]["measured"].total_bytes > 0
 
 
 def test_shapes_evaluation_forward_and_missing_gradients(runs):

@@ -20,6 +20,13 @@ rounds. Importing this package imports torch only when a profile is taken.
 
 from __future__ import annotations
 
+from labkit.profile.gpu_memory import (
+    CUDA_BLOCK_BYTES,
+    CudaMemory,
+    cuda_block_bytes,
+    cuda_memory,
+    cuda_tensor_bytes,
+)
 from labkit.profile.profiler import (
     CommComputeRow,
     OpRow,
@@ -30,20 +37,41 @@ from labkit.profile.profiler import (
     trace_spans,
 )
 from labkit.profile.speedup import SpeedupRow, SpeedupTable, amdahl_speedup, measure_speedups
+from labkit.profile.streams import (
+    KernelSpan,
+    NcclOverlap,
+    ThreadSplit,
+    collective_threads,
+    gpu_kernels,
+    is_nccl_kernel,
+    nccl_overlap,
+)
 from labkit.profile.traces import check_profiler_trace, merge_traces, self_times
 
 __all__ = [
+    "CUDA_BLOCK_BYTES",
     "CommComputeRow",
+    "CudaMemory",
+    "KernelSpan",
+    "NcclOverlap",
     "OpRow",
     "RankProfile",
     "SpeedupRow",
     "SpeedupTable",
+    "ThreadSplit",
     "amdahl_speedup",
     "check_profiler_trace",
+    "collective_threads",
     "comm_compute",
+    "cuda_block_bytes",
+    "cuda_memory",
+    "cuda_tensor_bytes",
+    "gpu_kernels",
     "is_comm_op",
+    "is_nccl_kernel",
     "measure_speedups",
     "merge_traces",
+    "nccl_overlap",
     "profile_steps",
     "self_times",
     "trace_spans",

@@ -109,6 +109,19 @@ class ZeroBase:
     def _optimizer_tensors(self) -> list[torch.Tensor]:
         return [t for st in self.optimizer.state.values() for t in st.values()]
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Every tensor this rank keeps for its model states, views included.
+
+        Parameters (full buffers or shards), gradients, every tensor of Adam's state; what
+        ``rank_bytes`` counts, for a count of another kind (e.g. the CUDA allocator's blocks,
+        ``lk.profile.cuda_tensor_bytes``).
+
+        Returns:
+            The tensors (a storage may appear more than once, as views).
+        """
+        held = [*self._param_tensors(), *self._grad_tensors(), *self._optimizer_tensors()]
+        return [t for t in held if t is not None]
+
     def rank_bytes(self, extra: Iterable[torch.Tensor] = ()) -> MemoryBreakdown:
         """Bytes this rank holds now: parameters, gradients, optimizer states (measured).
 
