@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = {"accumulate", "async_sgd", "ddp", "dims", "model_split", "pipeline", "tensor", "zero"}
+_SUBMODULES = {
+    "accumulate",
+    "async_sgd",
+    "ddp",
+    "dims",
+    "model_split",
+    "pipeline",
+    "tensor",
+    "zero",
+}
 
 
 def __getattr__(name: str):
