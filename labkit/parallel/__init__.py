@@ -10,16 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = {
-    "accumulate",
-    "async_sgd",
-    "ddp",
-    "dims",
-    "model_split",
-    "pipeline",
-    "tensor",
-    "zero",
-}
+_SUBMODULES = frozenset("accumulate async_sgd ddp dims model_split pipeline tensor zero".split())
 
 
 def __getattr__(name: str):
