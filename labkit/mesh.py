@@ -2,12 +2,12 @@
 
 Introduced in notebooks/14_hybrid_parallel.ipynb.
 
-``ParallelDims(dp, pp, tp)`` names how the ranks are shared among data, pipeline and tensor
-parallelism (torchtitan's ``ParallelDims``; Narayanan et al. 2021, "Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM", §3: PTD-P). The ranks form a
-row-major grid dp × pp × tp, tp innermost, so a tensor-parallel group is consecutive ranks
-(in one node, on the fastest links) and a data-parallel group strides over the others, as
-``torch.distributed.device_mesh.init_device_mesh`` lays out a mesh of that shape.
+``ParallelDims(dp, pp, tp)`` (``labkit.parallel.dims``, re-exported here) names how the
+ranks are shared among data, pipeline and tensor parallelism and lays them out: a row-major
+grid dp × pp × tp, tp innermost, so a tensor-parallel group is consecutive ranks (in one
+node, on the fastest links) and a data-parallel group strides over the others, as
+``torch.distributed.device_mesh.init_device_mesh`` lays out a mesh of that shape
+(``build_mesh``).
 
 Two hybrids, composed from the single techniques of notebooks 06, 11 and 12, each acting on
 the group of its own axis:
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.parallel.ddp.bucketed import DataParallelBucketed
+from labkit.parallel.dims import AXES, ParallelDims
 from labkit.parallel.pipeline import one_f_one_b
 from labkit.parallel.pipeline.runtime import run_schedule
 from labkit.parallel.pipeline.split import output_shapes, split_sequential
@@ -51,99 +51,7 @@ __all__ = [
     "train_dp_tp",
 ]
 
-AXES = ("dp", "pp", "tp")  # outermost to innermost, the mesh's order
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ParallelDims:
-    """Data-, pipeline- and tensor-parallel degrees whose product is the world size.
-
-    Introduced in notebooks/14_hybrid_parallel.ipynb (torchtitan's ``ParallelDims``).
-
-    Args:
-        dp: data-parallel degree (replicas, each on its own share of the batch).
-        pp: pipeline-parallel degree (stages).
-        tp: tensor-parallel degree (shards of every layer).
-        world_size: the number of ranks (None: dp·pp·tp).
-
-    Raises:
-        ValueError: a degree that is not an int ≥ 1, or dp·pp·tp ≠ world_size (the message
-            shows the arithmetic and the factorizations that would fit).
-    """
-
-    dp: int
-    pp: int = 1
-    tp: int = 1
-    world_size: int | None = None
-
-    def __post_init__(self) -> None:
-        for axis in (*AXES, "world_size"):
-            v = getattr(self, axis)
-            if v is None and axis == "world_size":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{axis} must be an int >= 1, got {v!r}")
-        product = self.dp * self.pp * self.tp
-        if self.world_size is None:
-            object.__setattr__(self, "world_size", product)
-        elif product != self.world_size:
-            n = self.world_size
-            fits = [f"dp={n // (p * t)}, pp={p}, tp={t}" for p, t in _pairs(n)]
-            raise ValueError(
-                f"dp({self.dp}) * pp({self.pp}) * tp({self.tp}) = {product} != "
-                f"world_size({n}): choose degrees whose product is the number of ranks, "
-                f"e.g. {'; '.join(fits[:6])}"
-            )
-
-    def degree(self, axis: str) -> int:
-        """The degree of ``axis`` (``"dp"``, ``"pp"`` or ``"tp"``)."""
-        if axis not in AXES:
-            raise ValueError(f"unknown axis {axis!r}; axes: {AXES}")
-        return getattr(self, axis)
-
-    @property
-    def mesh_axes(self) -> tuple[str, ...]:
-        """The axes of degree > 1, in mesh order (``("dp",)`` when every degree is 1)."""
-        return tuple(a for a in AXES if self.degree(a) > 1) or ("dp",)
-
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        """The degrees of ``mesh_axes``."""
-        return tuple(self.degree(a) for a in self.mesh_axes)
-
-    def coordinates(self, rank: int) -> dict[str, int]:
-        """Rank ``rank``'s position on each axis of the row-major dp × pp × tp grid."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside 0..{self.world_size - 1}")
-        dp_rank, rest = divmod(rank, self.pp * self.tp)
-        pp_rank, tp_rank = divmod(rest, self.tp)
-        return {"dp": dp_rank, "pp": pp_rank, "tp": tp_rank}
-
-    def group_ranks(self, axis: str) -> list[list[int]]:
-        """Every group of ``axis``: the ranks that differ only in their ``axis`` coordinate.
-
-        Introduced in notebooks/14_hybrid_parallel.ipynb: pure arithmetic, checked against
-        ``init_device_mesh``'s own groups.
-
-        Args:
-            axis: ``"dp"``, ``"pp"`` or ``"tp"``.
-
-        Returns:
-            One sorted list of global ranks per group, ordered by their first rank.
-        """
-        self.degree(axis)
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for r in range(self.world_size):
-            c = self.coordinates(r)
-            groups.setdefault(tuple(c[a] for a in AXES if a != axis), []).append(r)
-        return sorted(groups.values())
-
-
-def _pairs(n: int) -> list[tuple[int, int]]:
-    """Every (pp, tp) with pp·tp dividing n."""
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return [(p, t) for p in divisors for t in divisors if n % (p * t) == 0]
 
 
 def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> Any:

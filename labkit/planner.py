@@ -34,8 +34,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from labkit.costmodel import Network, predict
-from labkit.memory import ADAM_MIXED_K, GB, STAGES, activation_bytes_per_layer, zero_memory
+from labkit.costmodel import Network
+from labkit.memory import STAGES
+from labkit.parallel.dims import ParallelDims
+from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
 
 __all__ = ["DeviceSpec", "ModelSpec", "Plan", "PlanError", "plan"]
 
@@ -128,9 +130,15 @@ class ModelSpec:
         params = list(module.parameters())
         if not params:
             raise PlanError("the module has no parameters")
-        n, size, label = sum(p.numel() for p in params), params[0].element_size(), name
         return cls(
-            n, n_layers, hidden, seq_len, batch, n_heads, size, label or type(module).__name__
+            n_params=sum(p.numel() for p in params),
+            n_layers=n_layers,
+            hidden=hidden,
+            seq_len=seq_len,
+            batch=batch,
+            n_heads=n_heads,
+            bytes_per_param=params[0].element_size(),
+            name=name or type(module).__name__,
         )
 
 
@@ -204,129 +212,66 @@ class Plan:
     @property
     def label(self) -> str:
         """``"dp2·pp1·tp2·zero1·m1"``."""
-        return f"dp{self.dp}·pp{self.pp}·tp{self.tp}·zero{self.zero_stage}·m{self.microbatches}"
+        dims = ParallelDims(self.dp, self.pp, self.tp)
+        return f"{dims.label}·zero{self.zero_stage}·m{self.microbatches}"
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _factorizations(count: int) -> list[tuple[int, int, int]]:
-    """Every (dp, pp, tp) with dp·pp·tp = count."""
+def _factorizations(count: int) -> list[ParallelDims]:
+    """Every grid dp × pp × tp of ``count`` ranks."""
     return [
-        (count // (pp * tp), pp, tp) for pp in _divisors(count) for tp in _divisors(count // pp)
+        ParallelDims(count // (pp * tp), pp, tp)
+        for pp in _divisors(count)
+        for tp in _divisors(count // pp)
     ]
-
-
-def _networks(
-    dp: int, pp: int, tp: int, devices: DeviceSpec, network: Network, intra: Network | None
-) -> dict[str, Network]:
-    """The network each axis's groups use: tp innermost (consecutive ranks), then pp, then dp."""
-    span = {"tp": tp, "pp": tp * pp, "dp": tp * pp * dp}  # ranks one group of the axis spans
-    if intra is None or devices.per_node is None:
-        return dict.fromkeys(span, network)
-    return {a: intra if n <= devices.per_node else network for a, n in span.items()}
-
-
-def _divisibility(model: ModelSpec, dp: int, pp: int, tp: int, m: int) -> list[str]:
-    fails = []
-    if model.n_layers % pp:
-        fails.append(f"pp={pp} does not divide n_layers={model.n_layers}")
-    if model.hidden % tp:
-        fails.append(f"tp={tp} does not divide hidden={model.hidden}")
-    if model.n_heads % tp:
-        fails.append(f"tp={tp} does not divide n_heads={model.n_heads}")
-    if model.batch % (dp * m):
-        fails.append(f"batch={model.batch} is not divisible by dp·m = {dp}·{m} = {dp * m}")
-    return fails
-
-
-# Per ZeRO stage: (all-reduces, reduce-scatters, all-gathers) of the dp shard's gradient or
-# parameter bytes per step, with m micro-batches. Stage 1 reduce-scatters once, after the last
-# micro-batch, and all-gathers the updated parameters; stage 2 keeps only its gradient shard,
-# so it reduce-scatters after every micro-batch; stage 3 also gathers the parameters for each
-# micro-batch's forward and backward (ZeRO, Rajbhandari et al. 2020, §7.2: 2Ψ for stages 0-2,
-# 3Ψ for stage 3 with m = 1).
-def _dp_comm(stage: int, m: int, n_bytes: float, dp: int, net: Network) -> tuple[float, str]:
-    counts = {0: (1, 0, 0), 1: (0, 1, 1), 2: (0, m, 1), 3: (0, m, 2 * m)}[stage]
-    names = ("all_reduce", "reduce_scatter", "all_gather")
-    t = sum(k * predict(c, n_bytes, dp, net) for k, c in zip(counts, names, strict=True) if k)
-    how = " + ".join(f"{k} {c.replace('_', '-')}" for k, c in zip(counts, names, strict=True) if k)
-    return t, how
 
 
 def _one_plan(
     model: ModelSpec,
     devices: DeviceSpec,
     nets: dict[str, Network],
-    dims: tuple[int, int, int, int, int],
+    dims: ParallelDims,
+    stage: int,
+    m: int,
     mixed: bool,
     tp_ar: int,
 ) -> Plan:
-    dp, pp, tp, stage, m = dims
-    fails = _divisibility(model, dp, pp, tp, m)
-    if fails:
+    """The ``Plan`` of one (grid, ZeRO stage, m), from ``labkit.plan_estimates``'s
+    ``memory_estimate``, ``time_estimate`` and ``cannot_run``."""
+    grid = {"dp": dims.dp, "pp": dims.pp, "tp": dims.tp, "zero_stage": stage, "microbatches": m}
+    broken = cannot_run(model, devices, dims, m)
+    if broken:
         nan = math.nan
-        parts = dict.fromkeys(("params", "grads", "optimizer", "activations"), nan)
-        reasons = [f"infeasible: {f}" for f in fails]
-        return Plan(dp, pp, tp, stage, m, nan, nan, nan, nan, nan, False, reasons, parts, {}, 0)
-    pb = 2 if mixed else model.bytes_per_param  # working weights, gradients, activations
-    k = ADAM_MIXED_K if mixed else 2 * model.bytes_per_param  # Adam: (master +) m + v
-    psi = model.n_params / (pp * tp)  # parameters one device holds before ZeRO
-    states = zero_memory(psi, dp, stage, param_bytes=pb, grad_bytes=pb, optimizer_bytes=k)
-    b, s, h = model.batch // (dp * m), model.seq_len, model.hidden
-    in_flight = min(pp, m)  # 1F1B's bound on the first stage (Narayanan et al. 2021, §2.1)
-    per_layer = activation_bytes_per_layer(s, b, h, model.n_heads, tensor_parallel=tp)
-    per_layer *= pb / 2  # Korthikanti et al. count 16-bit activations
-    acts = per_layer * (model.n_layers // pp) * in_flight
-    memory = states.total_bytes + acts
-    tokens = model.batch * s
-    compute = 6 * model.n_params * tokens / (devices.count * devices.flops)
-    bubble = compute * (pp - 1) / m
-    dp_s, dp_how = _dp_comm(stage, m, pb * psi, dp, nets["dp"])
-    act_msg = pb * b * s * h  # one b·s·h activation
-    layers = model.n_layers // pp
-    tp_s = m * layers * tp_ar * predict("all_reduce", act_msg, tp, nets["tp"])
-    pp_s = 2 * m * nets["pp"].p2p_time_s(act_msg) if pp > 1 else 0.0
-    comm = dp_s + tp_s + pp_s
-    step = compute + bubble + comm
-    over = memory - devices.memory_bytes
-    reasons = [
-        f"b = B/(dp·m) = {model.batch}/({dp}·{m}) = {b} sequences per micro-batch; "
-        f"{psi:,.4g} parameters per device (Ψ/(pp·tp))",
-        f"memory {memory / GB:.4g} GB = params {states.params_bytes / GB:.4g} + grads "
-        f"{states.grads_bytes / GB:.4g} + optimizer {states.optimizer_bytes / GB:.4g} "
-        f"(ZeRO-{stage} over dp={dp}) + activations {acts / GB:.4g} ({layers} layers × "
-        f"{in_flight} micro-batch(es) in flight × {per_layer / GB:.4g} GB)",
-        f"compute 6·Ψ·B·s / (devices·FLOP/s) = {compute:.4g} s",
-        f"bubble (pp−1)/m · compute = {pp - 1}/{m} · {compute:.4g} = {bubble:.4g} s"
-        if pp > 1
-        else f"m = {m}: accumulation steps, one micro-batch's activations at a time",
-        f"dp: {dp_how} of {pb * psi:,.0f} B over {dp} ranks = {dp_s:.4g} s",
-        f"tp: {m}·{layers}·{tp_ar} all-reduces of {act_msg:,.0f} B over {tp} ranks = {tp_s:.4g} s"
-        if tp > 1
-        else "tp = 1: no tensor-parallel all-reduces",
-        f"pp: 2·{m} p2p messages of {act_msg:,.0f} B = {pp_s:.4g} s"
-        if pp > 1
-        else "pp = 1: no pipeline messages, no bubble",
-        f"step {step:.4g} s = compute + bubble + comm ({comm:.4g} s, not overlapped)",
-    ]
-    if over > 0:
-        reasons.append(
-            f"does not fit: memory over budget by {over / GB:.4g} GB "
-            f"({memory / GB:.4g} GB > {devices.memory_bytes / GB:.4g} GB)"
+        return Plan(
+            **grid,
+            memory_bytes=nan,
+            step_s=nan,
+            compute_s=nan,
+            comm_s=nan,
+            bubble_s=nan,
+            feasible=False,
+            reasons=[f"infeasible: {f}" for f in broken],
+            breakdown=dict.fromkeys(("params", "grads", "optimizer", "activations"), nan),
         )
-    breakdown = {
-        "params": states.params_bytes,
-        "grads": states.grads_bytes,
-        "optimizer": states.optimizer_bytes,
-        "activations": acts,
-    }
-    axes = {"dp": dp_s, "tp": tp_s, "pp": pp_s}
+    mem = memory_estimate(model, dims, stage, m, mixed)
+    time = time_estimate(model, devices, nets, dims, stage, m, mixed, tp_ar)
+    over = cannot_run(model, devices, dims, m, mem.total)
     return Plan(
-        dp, pp, tp, stage, m, memory, step, compute, comm, bubble, over <= 0, reasons,
-        breakdown, axes, b,
-    )  # fmt: skip
+        **grid,
+        memory_bytes=mem.total,
+        step_s=time.step,
+        compute_s=time.compute,
+        comm_s=sum(time.comm.values()),
+        bubble_s=time.bubble,
+        feasible=not over,
+        reasons=[*mem.reasons, *time.reasons, *over],
+        breakdown=mem.breakdown,
+        comm=time.comm,
+        microbatch_size=mem.microbatch_size,
+    )
 
 
 def plan(
@@ -378,16 +323,16 @@ def plan(
         _positive_int("max_microbatches", max_microbatches)
     tp_ar = _positive_int("tp_all_reduces_per_layer", tp_all_reduces_per_layer)
     plans = []
-    for dp, pp, tp in _factorizations(devices.count):
-        nets = _networks(dp, pp, tp, devices, network, intra_node)
-        if model.batch % dp:
+    for dims in _factorizations(devices.count):
+        nets = axis_networks(dims, devices, network, intra_node)
+        if model.batch % dims.dp:
             ms = [1]
         else:
-            ms = [m for m in _divisors(model.batch // dp) if m <= (max_microbatches or m)]
+            ms = [m for m in _divisors(model.batch // dims.dp) if m <= (max_microbatches or m)]
         for stage in dict.fromkeys(stages):
             for m in ms:
                 plans.append(
-                    _one_plan(model, devices, nets, (dp, pp, tp, stage, m), mixed_precision, tp_ar)
+                    _one_plan(model, devices, nets, dims, stage, m, mixed_precision, tp_ar)
                 )
 
     def key(p: Plan) -> tuple:

@@ -32,7 +32,8 @@ def test_rank_layout_puts_tp_innermost() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"dp": 0}, "degrees must be"),
+        ({"dp": 0}, "dp must be an int >= 1"),
+        ({"microbatches": 0}, "microbatches must be an int >= 1"),
         ({"zero_stage": 4}, "zero_stage"),
         ({"fsdp": True}, "fsdp is ZeRO-3"),
         ({"tp": 2, "zero_stage": 1}, r"ZeRO-1 with pp\(1\) and tp\(2\)"),

@@ -295,3 +295,23 @@ def test_fsdp2_gives_the_same_parameters_and_about_zero3s_bytes():
     total = sum(r["bytes"].total_bytes for r in res)
     # FSDP2 pads dim 0 of each parameter, ZeRO-3 here the flat parameter: both ≈ 16Ψ/N_d
     assert abs(total / world_size / model.total_bytes - 1) <= MAX_RATIO_OFF
+
+
+def test_each_stage_reads_alone():
+    """No stage inherits another's gradient handling: 1 and 2 share only the full parameters
+    (ReplicatedParameters), 2 and 3 only the gradient shards filled in backward."""
+    import inspect
+
+    from labkit.parallel.zero.base import GradientShards
+    from labkit.parallel.zero.replicated import ReplicatedParameters
+
+    assert not issubclass(zero.ZeroStage2, zero.ZeroStage1)
+    assert issubclass(zero.ZeroStage1, ReplicatedParameters)
+    assert issubclass(zero.ZeroStage2, ReplicatedParameters)
+    assert not issubclass(zero.ZeroStage3, ReplicatedParameters)
+    base = inspect.getsource(zero.ZeroBase)
+    assert "self.stage ==" not in base and "getattr(" not in base
+    for cls in (zero.ZeroStage2, zero.ZeroStage3):
+        assert "GradientShards(self)" in inspect.getsource(cls._shard)
+    assert "GradientShards" not in inspect.getsource(zero.ZeroStage1)
+    assert callable(GradientShards.check_all_reduced)

@@ -10,6 +10,7 @@ from torch import nn
 import labkit as lk
 from labkit.costmodel import Network
 from labkit.memory import STAGES, activation_bytes_per_layer, zero_memory
+from labkit.parallel.dims import ParallelDims
 from labkit.parallel.pipeline import bubble_fraction_theory, peak_in_flight_theory
 from labkit.planner import DeviceSpec, ModelSpec, Plan, PlanError, plan
 
@@ -214,3 +215,73 @@ def test_label_and_error_cases():
 
 def test_lazy_attribute():
     assert lk.planner.plan is plan
+
+
+# --- the three parts of one plan, each on its own ---------------------------------------------
+
+
+def test_memory_alone_by_hand():
+    from labkit.plan_estimates import memory_estimate
+
+    mem = memory_estimate(SMALL, ParallelDims(dp=1, pp=2, tp=2), stage=0, m=2, mixed=False)
+    assert mem.microbatch_size == 4 and mem.params_per_device == 250  # Ψ/(pp·tp)
+    assert mem.breakdown == pytest.approx(
+        {"params": 1000, "grads": 1000, "optimizer": 2000, "activations": 3136 * 2 * 2 * 2}
+    )
+    assert mem.total == pytest.approx(4000 + 25088)
+    assert mem.reasons[0].startswith("b = B/(dp·m) = 8/(1·2) = 4 sequences")
+    # mixed precision: 2 + 2 + 12 bytes per parameter, 16-bit activations; ZeRO-3 over dp=4
+    mixed = memory_estimate(SMALL, ParallelDims(dp=4), stage=3, m=1, mixed=True)
+    assert mixed.breakdown["params"] + mixed.breakdown["grads"] == pytest.approx(4 * 1000 / 4)
+    assert mixed.breakdown["optimizer"] == pytest.approx(12 * 1000 / 4)
+    assert mixed.breakdown["activations"] == pytest.approx(2496 * 4)
+
+
+def test_time_alone_by_hand():
+    from labkit.plan_estimates import time_estimate
+
+    dims = ParallelDims(dp=1, pp=2, tp=2)
+    t = time_estimate(SMALL, FOUR, dict.fromkeys(("dp", "pp", "tp"), NET), dims, 0, 2, False, 4)
+    msg = 4 * 4 * 4 * 8
+    assert t.compute == pytest.approx(0.048) and t.bubble == pytest.approx(0.024)
+    assert t.comm["dp"] == 0.0
+    assert t.comm["tp"] == pytest.approx(2 * 2 * 4 * (2 * 1e-5 + msg * 1e-9))
+    assert t.comm["pp"] == pytest.approx(2 * 2 * (1e-5 + msg * 1e-9))
+    assert t.step == pytest.approx(0.072 + t.comm["tp"] + t.comm["pp"])
+    assert len(t.reasons) == 6 and t.reasons[1].startswith("bubble (pp−1)/m · compute = 1/2")
+    # a faster tp network only changes the tp seconds
+    fast = {"dp": NET, "pp": NET, "tp": Network(latency_us=1.0, bandwidth_gbps=10.0)}
+    t2 = time_estimate(SMALL, FOUR, fast, dims, 0, 2, False, 4)
+    assert t2.comm["tp"] < t.comm["tp"] and t2.comm["pp"] == t.comm["pp"]
+
+
+def test_cannot_run_alone_lists_every_broken_rule_and_memory():
+    from labkit.plan_estimates import cannot_run
+
+    ok = ParallelDims(dp=2, pp=2)
+    assert cannot_run(SMALL, FOUR, ok, m=2) == []
+    assert cannot_run(SMALL, FOUR, ok, m=2, memory_bytes=FOUR.memory_bytes) == []  # exactly fits
+    over = cannot_run(SMALL, FOUR, ok, m=2, memory_bytes=FOUR.memory_bytes + 0.5e9)
+    assert over == ["does not fit: memory over budget by 0.5 GB (1.5 GB > 1 GB)"]
+    bad = cannot_run(SMALL, DeviceSpec(24, 1e9, 1e6), ParallelDims(dp=1, pp=8, tp=3), m=3)
+    assert bad == [
+        "pp=8 does not divide n_layers=4",
+        "tp=3 does not divide hidden=8",
+        "tp=3 does not divide n_heads=2",
+        "batch=8 is not divisible by dp·m = 1·3 = 3",
+    ]
+
+
+def test_networks_follow_the_rank_grid():
+    from labkit.plan_estimates import axis_networks
+
+    fast, slow = Network.preset("NVLink"), Network.preset("100Gb-IB")
+    devs = DeviceSpec(24, 80e9, 1e14, per_node=4)
+    nets = axis_networks(ParallelDims(dp=8, tp=3), devs, slow, fast)
+    # tp groups [0,1,2], [3,4,5], ...: the second straddles nodes 0 and 1, so tp is slow
+    assert nets == {"dp": slow, "pp": fast, "tp": slow}
+    nets = axis_networks(ParallelDims(dp=6, tp=4), devs, slow, fast)
+    assert nets == {"dp": slow, "pp": fast, "tp": fast}
+    assert axis_networks(ParallelDims(dp=6, tp=4), devs, slow, None) == dict.fromkeys(
+        ("dp", "pp", "tp"), slow
+    )

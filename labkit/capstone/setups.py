@@ -69,8 +69,9 @@ def gpt_stages(model: TinyGPT, pp: int) -> list[nn.Sequential]:
 class Groups:
     """This rank's coordinates and its data-, pipeline- and tensor-parallel groups.
 
-    Every rank creates every group, in the same order (``dist.new_group`` is collective),
-    each with the run's timeout.
+    The groups are ``strategy.dims.groups(axis)`` (``labkit.parallel.dims.ParallelDims``, tp
+    innermost). Every rank creates every group, in the same order (``dist.new_group`` is
+    collective), each with the run's timeout.
 
     Introduced in notebooks/17_capstone.ipynb.
 
@@ -81,23 +82,17 @@ class Groups:
     """
 
     def __init__(self, strategy: Strategy, rank: int, timeout_s: float) -> None:
-        s, t = strategy, timedelta(seconds=timeout_s)
-        self.dp_rank, self.pp_rank, self.tp_rank = s.coords(rank)
+        dims, t = strategy.dims, timedelta(seconds=timeout_s)
+        self.dp_rank, self.pp_rank, self.tp_rank = strategy.coords(rank)
 
-        def rank_of(d: int, p: int, q: int) -> int:
-            return (d * s.pp + p) * s.tp + q
-
-        def pick(families: list[list[int]]) -> dist.ProcessGroup:
+        def pick(axis: str) -> dist.ProcessGroup:
             mine = None
-            for members in families:
+            for members in dims.groups(axis):  # the same order on every rank
                 g = dist.new_group(members, timeout=t)
                 mine = g if rank in members else mine
             return mine
 
-        P, Q, D = range(s.pp), range(s.tp), range(s.dp)
-        self.dp = pick([[rank_of(d, p, q) for d in D] for p in P for q in Q])
-        self.pp = pick([[rank_of(d, p, q) for p in P] for d in D for q in Q])
-        self.tp = pick([[rank_of(d, p, q) for q in Q] for d in D for p in P])
+        self.dp, self.pp, self.tp = pick("dp"), pick("pp"), pick("tp")
 
 
 def make_groups(strategy: Strategy, rank: int, timeout_s: float = 60.0) -> Groups:

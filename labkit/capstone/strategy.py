@@ -1,14 +1,17 @@
 """A training strategy as data: the parallel degrees and the sharding, validated with arithmetic.
 
 Introduced in notebooks/17_capstone.ipynb. No torch: a ``Strategy`` is checked, named and
-compared with the planner's plans without starting a process (torchtitan's ``ParallelDims``
-validates its degrees the same way).
+compared with the planner's plans without starting a process. Its ranks are laid out by
+``labkit.parallel.dims.ParallelDims`` (``Strategy.dims``), the grid ``labkit.mesh`` and the
+planner use too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from labkit.parallel.dims import ParallelDims
 
 __all__ = ["NAMES", "Strategy"]
 
@@ -32,8 +35,9 @@ class Strategy:
 
     Introduced in notebooks/17_capstone.ipynb.
 
-    Ranks are laid out with tensor parallelism innermost (Megatron-LM's order): global rank
-    ``r = (dp_rank · pp + pp_rank) · tp + tp_rank``, so tensor-parallel peers are neighbours.
+    Ranks are laid out by ``self.dims`` (``labkit.parallel.dims.ParallelDims``), tensor
+    parallelism innermost: global rank ``r = (dp_rank · pp + pp_rank) · tp + tp_rank``, so
+    tensor-parallel peers are neighbours.
 
     Args:
         dp: data-parallel degree.
@@ -58,10 +62,10 @@ class Strategy:
     microbatches: int = 1
 
     def __post_init__(self) -> None:
-        degrees = {"dp": self.dp, "pp": self.pp, "tp": self.tp, "microbatches": self.microbatches}
-        bad = {k: v for k, v in degrees.items() if not isinstance(v, int) or v < 1}
-        if bad:
-            raise ValueError(f"degrees must be integers >= 1, got {bad}")
+        m = self.microbatches
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"microbatches must be an int >= 1, got {m!r}")
+        ParallelDims(self.dp, self.pp, self.tp)  # raises naming a bad dp, pp or tp
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.fsdp and self.zero_stage != 3:
@@ -77,9 +81,14 @@ class Strategy:
             raise ValueError(f"microbatches({self.microbatches}) > 1 needs a pipeline (pp > 1)")
 
     @property
+    def dims(self) -> ParallelDims:
+        """The degrees and the rank grid (coordinates, groups) of this strategy."""
+        return ParallelDims(self.dp, self.pp, self.tp)
+
+    @property
     def world_size(self) -> int:
         """Ranks used: dp · pp · tp."""
-        return self.dp * self.pp * self.tp
+        return self.dims.world_size
 
     @property
     def name(self) -> str:
@@ -94,13 +103,16 @@ class Strategy:
     @property
     def label(self) -> str:
         """The planner's label, e.g. ``"dp2·pp1·tp2·zero0·m1"``."""
-        return f"dp{self.dp}·pp{self.pp}·tp{self.tp}·zero{self.zero_stage}·m{self.microbatches}"
+        return f"{self.dims.label}·zero{self.zero_stage}·m{self.microbatches}"
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """``(dp_rank, pp_rank, tp_rank)`` of global rank ``rank`` (tp innermost)."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is not in 0..{self.world_size - 1}")
-        return rank // (self.pp * self.tp), rank // self.tp % self.pp, rank % self.tp
+        """``(dp_rank, pp_rank, tp_rank)`` of global rank ``rank`` (``ParallelDims``).
+
+        Raises:
+            ValueError: ``rank`` outside 0..world_size − 1.
+        """
+        c = self.dims.coordinates(rank)
+        return c["dp"], c["pp"], c["tp"]
 
     @classmethod
     def parse(cls, name: str, world_size: int, microbatches: int = 4) -> Strategy:
@@ -151,7 +163,9 @@ class Strategy:
             ValueError: a plan this runner cannot train (see the class).
         """
         zero = plan.zero_stage if plan.dp > 1 else 0
-        return cls(plan.dp, plan.pp, plan.tp, zero, False, plan.microbatches)
+        return cls(
+            dp=plan.dp, pp=plan.pp, tp=plan.tp, zero_stage=zero, microbatches=plan.microbatches
+        )
 
     @classmethod
     def runs(cls, plan: Any) -> bool:

@@ -27,9 +27,10 @@ the ranks, so no ``--node-rank``)::
         --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id gpt-dp-pp \\
         -m labkit.scripts.train_gpt --strategy dp_pp --steps 20
 
-Ranks are laid out tensor-parallel innermost (``Strategy``: ``r = (dp·pp + pp)·tp + tp``),
-so with ``--nproc-per-node`` equal to the tensor-parallel degree the tensor-parallel
-peers share a node. The same strategy and world size give the same checksum on one node
+Ranks are laid out tensor-parallel innermost (``Strategy.dims``, a
+``labkit.parallel.dims.ParallelDims``: ``rank = (dp_rank·pp + pp_rank)·tp + tp_rank``), so
+with ``--nproc-per-node`` equal to the tensor-parallel degree the tensor-parallel peers
+share a node. The same strategy and world size give the same checksum on one node
 or on several.
 """
 

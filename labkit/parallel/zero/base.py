@@ -1,6 +1,7 @@
 """What every ZeRO stage shares: the units, the sharded Adam, and counting the bytes held.
 
-Introduced in notebooks/13_zero_and_fsdp.ipynb.
+Introduced in notebooks/13_zero_and_fsdp.ipynb. Also ``GradientShards``, the part stages 2 and
+3 share: each unit's gradients reduce-scattered during backward into this rank's shard.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from torch import nn
 
 from labkit.memory import MemoryBreakdown, zero_rank_bytes
 from labkit.parallel.ddp.naive import broadcast_state
+from labkit.parallel.zero.comm import reduce_scatter_unit
 from labkit.parallel.zero.layout import Unit, find_units
 
-__all__ = ["ZeroBase", "storage_bytes"]
+__all__ = ["GradientShards", "ZeroBase", "storage_bytes"]
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int] | None = None) -> int:
@@ -65,12 +67,11 @@ class ZeroBase:
 
     Args:
         module: the model on this rank (hooks are added to it; no wrapper module).
-        stage: 1, 2 or 3.
         group: the data-parallel group (None: the default group).
         lr, betas, eps, weight_decay: ``torch.optim.Adam``'s arguments.
     """
 
-    stage: int = 0
+    stage: int  # 1, 2 or 3: set by each stage's class
 
     def __init__(
         self,
@@ -171,17 +172,6 @@ class ZeroBase:
         )
 
     # --- the training loop's calls ------------------------------------------------------
-    def _check_all_reduced(self) -> None:
-        """Raise if a unit got some but not all of its gradients (it was never reduced)."""
-        arrived = getattr(self, "_arrived", [])
-        stuck = [u.name or "(root)" for u, n in zip(self.units, arrived, strict=False) if n]
-        if stuck:
-            raise RuntimeError(
-                f"ZeRO-{self.stage}: unit(s) {stuck} received only some of their gradients in "
-                "backward, so they were never reduce-scattered; every parameter of a unit must "
-                "get a gradient (or none of them)"
-            )
-
     def zero_grad(self) -> None:
         """Zero the gradients this rank keeps (their buffers stay allocated)."""
         for s in self.shards:
@@ -199,3 +189,61 @@ class ZeroBase:
             for u in self.units
             for n, p in zip(u.names, u.params, strict=True)
         }
+
+
+class GradientShards:
+    """This rank's gradient shard of every unit, filled by reduce-scatters during backward.
+
+    What ZeRO stages 2 and 3 share (Rajbhandari et al. 2020, §5.2): a post-accumulate-grad
+    hook on each full parameter calls ``arrive(k)``; when the last gradient of unit ``k`` has
+    arrived, ``reduce(k)`` reduce-scatters the unit's full gradients, adds this rank's
+    averaged piece to ``shards[k]`` and drops the full gradients (``.grad = None``).
+
+    Introduced in notebooks/13_zero_and_fsdp.ipynb.
+
+    Args:
+        zero: the stage that owns the shards (its units, group and ``observe``).
+    """
+
+    def __init__(self, zero: ZeroBase) -> None:
+        self.zero = zero
+        self.shards: list[torch.Tensor] = [u.params[0].new_zeros(u.shard_numel) for u in zero.units]
+        self._arrived = [0] * len(zero.units)
+
+    def arrive(self, k: int) -> bool:
+        """Count one gradient of unit ``k``; True when it was the unit's last (count reset)."""
+        self._arrived[k] += 1
+        if self._arrived[k] < len(self.zero.units[k].params):
+            return False
+        self._arrived[k] = 0
+        return True
+
+    def reduce(self, k: int) -> None:
+        """Reduce-scatter unit ``k``'s full gradients into its shard, then free them."""
+        z, unit = self.zero, self.zero.units[k]
+        with torch.no_grad():
+            z.observe()  # the unit's full gradients are alive now
+            grads = [p.grad for p in unit.params]
+            self.shards[k].add_(reduce_scatter_unit(unit, grads, z.dp_world_size, z.group))
+        for p in unit.params:
+            p.grad = None
+
+    def check_all_reduced(self) -> None:
+        """Raise if a unit got some but not all of its gradients (it was never reduced).
+
+        Raises:
+            RuntimeError: naming the units left half-reduced.
+        """
+        units = self.zero.units
+        stuck = [u.name or "(root)" for u, n in zip(units, self._arrived, strict=True) if n]
+        if stuck:
+            raise RuntimeError(
+                f"ZeRO-{self.zero.stage}: unit(s) {stuck} received only some of their gradients "
+                "in backward, so they were never reduce-scattered; every parameter of a unit "
+                "must get a gradient (or none of them)"
+            )
+
+    def zero_(self) -> None:
+        """Zero every gradient shard (the buffers stay allocated)."""
+        for g in self.shards:
+            g.zero_()

@@ -8,20 +8,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from labkit.parallel.zero.base import ZeroBase
-from labkit.parallel.zero.comm import all_gather_unit, reduce_scatter_unit
+from labkit.parallel.zero.comm import reduce_scatter_unit
+from labkit.parallel.zero.replicated import ReplicatedParameters
 
 __all__ = ["ZeroStage1"]
 
 
-class ZeroStage1(ZeroBase):
+class ZeroStage1(ReplicatedParameters):
     """ZeRO-1 (P_os, Rajbhandari et al. 2020, §5.1): optimizer states partitioned.
 
     Every rank keeps the full parameters and full gradients, as in data parallelism, but
     Adam's momentum and variance only for its own shard (1/N_d of every parameter,
     ``shard_bounds``). Each parameter lives in a buffer padded to N_d·s elements; the
-    module's parameter and this rank's shard are views of it, so the shard costs no memory.
-    Gradients are views of a padded buffer per unit too. ``step()`` follows the paper's
+    module's parameter and this rank's shard are views of it, so the shard costs no memory
+    (``ReplicatedParameters``, shared with stage 2). Gradients are views of a padded buffer
+    per unit too, laid out the same way. ``step()`` follows the paper's
     schedule (§7.2.1): it reduce-scatters each unit's gradients, so that this rank receives
     the average over ranks of its own shard only (written into its part of the gradient
     buffer; the rest of the buffer keeps this rank's local, unreduced gradients, which nothing
@@ -48,26 +49,17 @@ class ZeroStage1(ZeroBase):
     stage = 1
 
     def _shard(self) -> list[nn.Parameter]:
-        nd, r = self.dp_world_size, self.dp_rank
-        self.param_buffers, self.grad_buffers, shards = [], [], []
-        for unit in self.units:
-            pbuf = unit.params[0].new_zeros(nd * unit.shard_numel)
-            gbuf = torch.zeros_like(pbuf) if self.stage == 1 else None
-            for p, s, off in zip(unit.params, unit.shard_sizes, unit.offsets, strict=True):
-                base, n = nd * off, p.numel()  # the parameter's padded region: nd·s elements
-                pbuf[base : base + n] = p.detach().reshape(-1)
-                p.data = pbuf[base : base + n].view(p.shape)
-                shard = nn.Parameter(pbuf[base + r * s : base + (r + 1) * s])
-                if gbuf is not None:
-                    p.grad = gbuf[base : base + n].view(p.shape)
-                    shard.grad = gbuf[base + r * s : base + (r + 1) * s]
-                shards.append(shard)
-            self.param_buffers.append(pbuf)
+        shards = self._shard_parameters()
+        self.grad_buffers: list[torch.Tensor] = []
+        for unit, pbuf, (a, b) in zip(
+            self.units, self.param_buffers, self._shard_index(), strict=True
+        ):
+            gbuf = torch.zeros_like(pbuf)  # the same padded regions as the parameters'
+            views = self._views(unit, gbuf)
+            for p, shard, (full, mine) in zip(unit.params, shards[a:b], views, strict=True):
+                p.grad, shard.grad = full, mine
             self.grad_buffers.append(gbuf)
         return shards
-
-    def _param_tensors(self) -> list[torch.Tensor | None]:
-        return [*self.param_buffers, *self.shards]
 
     def _grad_tensors(self) -> list[torch.Tensor | None]:
         return [*self.grad_buffers, *(p.grad for p in self.full_params)]
@@ -84,8 +76,7 @@ class ZeroStage1(ZeroBase):
             self.units, self.grad_buffers, self._shard_index(), strict=True
         ):
             grads = []
-            for p, off in zip(unit.params, unit.offsets, strict=True):
-                view = gbuf[nd * off : nd * off + p.numel()].view(p.shape)
+            for p, (view, _) in zip(unit.params, self._views(unit, gbuf), strict=True):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     # model.zero_grad() set .grad to None or a new tensor: point it back
                     view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
@@ -96,24 +87,6 @@ class ZeroStage1(ZeroBase):
             mine = zip(self.shards[a:b], unit.shard_sizes, unit.offsets, strict=True)
             for shard, s, off in mine:
                 shard.grad.copy_(piece[off : off + s])  # a view of this rank's part of gbuf
-
-    def _shard_index(self) -> list[tuple[int, int]]:
-        """For each unit, the slice of ``self.shards`` holding its parameters' pieces."""
-        out, i = [], 0
-        for unit in self.units:
-            out.append((i, i + len(unit.params)))
-            i += len(unit.params)
-        return out
-
-    def _all_gather_parameters(self) -> None:
-        """All-gather each unit's updated shards into the full parameters."""
-        with torch.no_grad():
-            for unit, (a, b) in zip(self.units, self._shard_index(), strict=True):
-                packed = torch.cat([s.detach() for s in self.shards[a:b]])  # (S,)
-                full = all_gather_unit(unit, packed, self.dp_world_size, self.group)
-                self.observe(extra=[packed, *full])
-                for p, f in zip(unit.params, full, strict=True):
-                    p.copy_(f)
 
     def zero_grad(self) -> None:
         """Zero the gradient buffers (they stay allocated; ``.grad`` stays a view of them)."""

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from labkit.parallel.zero.base import ZeroBase
-from labkit.parallel.zero.comm import all_gather_unit, reduce_scatter_unit
+from labkit.parallel.zero.base import GradientShards, ZeroBase
+from labkit.parallel.zero.comm import all_gather_unit
 from labkit.parallel.zero.layout import Unit, shard_bounds
 
 __all__ = ["ZeroStage3"]
@@ -40,8 +40,8 @@ class ZeroStage3(ZeroBase):
       valid and are refilled later); a hook on the unit's output runs before the unit's
       backward and all-gathers again;
     - post-accumulate-grad hooks: when the unit's last gradient has arrived, reduce-scatter
-      its gradients into this rank's gradient shard and free both full gradients and full
-      parameters.
+      its gradients into this rank's gradient shard (``GradientShards``, shared with stage 2)
+      and free both full gradients and full parameters.
 
     So a step all-gathers every unit twice (forward and backward) and reduce-scatters it once;
     ``step()`` is Adam on the shards alone, with no communication.
@@ -58,12 +58,11 @@ class ZeroStage3(ZeroBase):
 
     def _shard(self) -> list[nn.Parameter]:
         nd, r = self.dp_world_size, self.dp_rank
-        self.param_shards, self.grad_shards, shards = [], [], []
-        self._arrived = [0] * len(self.units)
+        self.gradients = GradientShards(self)
+        self.param_shards, self.grad_shards, shards = [], self.gradients.shards, []
         self._gathered = [False] * len(self.units)
-        for k, unit in enumerate(self.units):
+        for k, (unit, gshard) in enumerate(zip(self.units, self.grad_shards, strict=True)):
             pshard = unit.params[0].new_zeros(unit.shard_numel)  # (S,): my piece of each
-            gshard = torch.zeros_like(pshard)
             for name, p, s, off in zip(
                 unit.names, unit.params, unit.shard_sizes, unit.offsets, strict=True
             ):
@@ -79,7 +78,6 @@ class ZeroStage3(ZeroBase):
             unit.module.register_forward_pre_hook(self._pre_forward(k))
             unit.module.register_forward_hook(self._post_forward(k))
             self.param_shards.append(pshard)
-            self.grad_shards.append(gshard)
         return shards
 
     # --- gather and free ----------------------------------------------------------------
@@ -128,20 +126,9 @@ class ZeroStage3(ZeroBase):
 
     def _grad_hook(self, k: int):
         def hook(p: torch.Tensor) -> None:
-            unit = self.units[k]
-            self._arrived[k] += 1
-            if self._arrived[k] < len(unit.params):
-                return
-            self._arrived[k] = 0
-            with torch.no_grad():
-                self.observe()  # the unit's full parameters and gradients are alive now
-                piece = reduce_scatter_unit(
-                    unit, [q.grad for q in unit.params], self.dp_world_size, self.group
-                )
-                self.grad_shards[k].add_(piece)
-            for q in unit.params:
-                q.grad = None
-            self._release(k)
+            if self.gradients.arrive(k):
+                self.gradients.reduce(k)  # the full gradients are freed ...
+                self._release(k)  # ... and so are the full parameters, until the next gather
 
         return hook
 
@@ -154,13 +141,12 @@ class ZeroStage3(ZeroBase):
 
     def zero_grad(self) -> None:
         """Zero this rank's gradient shards."""
-        for gshard in self.grad_shards:
-            gshard.zero_()
+        self.gradients.zero_()
 
     @torch.no_grad()
     def step(self) -> None:
         """Adam on this rank's shards; no communication (the next forward gathers)."""
-        self._check_all_reduced()
+        self.gradients.check_all_reduced()
         self.optimizer.step()
         self.observe()
 
