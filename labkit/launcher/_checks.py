@@ -9,18 +9,10 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from labkit.backends.names import LABKIT_BACKENDS, available_labkit_backends
 from labkit.launcher._backend_spec import BackendSpec
 from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose
 from labkit.launcher.launch_log import note_launch
-
-# Backends that labkit implements itself: name -> module whose import registers it with
-# torch.distributed. The ranks import the module before init_process_group.
-LABKIT_BACKENDS: dict[str, str] = {
-    "labkit_shm": "labkit.backends.shm",
-    "labkit_record": "labkit.backends.recording",
-    "labkit_simnet": "labkit.backends.simnet",
-    "labkit_cpp": "labkit.backends.cpp",
-}
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
@@ -242,20 +234,6 @@ def _say_once(note: str) -> None:
     if note not in _said:
         _said.add(note)
         print(f"note: {note}", file=sys.stderr, flush=True)
-
-
-def available_labkit_backends() -> list[str]:
-    """labkit's own backends whose modules exist in this installation."""
-    import importlib.util
-
-    found = []
-    for name, module in LABKIT_BACKENDS.items():
-        try:
-            if importlib.util.find_spec(module) is not None:
-                found.append(name)
-        except ModuleNotFoundError:
-            pass
-    return found
 
 
 def _check_name(backend) -> str:

@@ -20,10 +20,7 @@ from datetime import timedelta
 
 from labkit.launcher import _context
 from labkit.launcher._wire import recv_msg, send_msg
-
-# Exit codes a rank uses on its own; the launcher reports anything else as a crash.
-EXIT_OK = 0
-EXIT_RAISED = 1
+from labkit.launcher.failure_policy import EXIT_OK, EXIT_RAISED
 
 
 def _redirect_output(out_fd: int, err_fd: int) -> None:
