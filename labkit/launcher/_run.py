@@ -110,7 +110,6 @@ class LaunchRun:
             "launcher_pid": os.getpid(),
             "local": {
                 "port": self.port,
-                "backend": p.backend,
                 "device": p.device,
                 "threads": p.threads,
                 "pg_timeout": p.pg_timeout,

@@ -83,9 +83,8 @@ class World:
             address = os.path.join(folder, "cells")
             listener.bind(address)
             listener.listen(self.world_size)
-            payload = pickle_call(serve, (address,), {}, self._plan.backend_spec)
-            if self._plan.backend_spec is not None and self._plan.backend_spec.module:
-                __import__(self._plan.backend_spec.module)
+            payload = pickle_call(serve, (address,), {}, self._plan.carrier)
+            self._plan.import_backend_here()
             with _lock:
                 run = WorldRun(get_zygote(), self._plan, payload, listener)
                 try:
