@@ -29,7 +29,8 @@ import torch
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
-from labkit.launcher import LABKIT_BACKENDS, BackendSpec
+from labkit.backends.names import LABKIT_BACKENDS
+from labkit.launcher import BackendSpec
 
 
 def inner_name(inner: str | BackendSpec) -> str:

@@ -91,13 +91,8 @@ def launch(
         raise ValueError(f"args must be a tuple of extra arguments, got {type(args).__name__}")
     check_fn(fn, tuple(args), kwargs)
     plan = make_plan(world_size, backend, device, timeout, verbose)
-    payload = pickle_call(fn, tuple(args), kwargs, plan.backend_spec)
-    if plan.backend_spec is not None and plan.backend_spec.module:
-        # Import the backend's module here first: one that builds something (the C++
-        # backend compiles on first use) does it once, not in every rank under the timeout.
-        import importlib
-
-        importlib.import_module(plan.backend_spec.module)
+    payload = pickle_call(fn, tuple(args), kwargs, plan.carrier)
+    plan.import_backend_here()
 
     from labkit.launcher._run import LaunchRun
 

@@ -9,18 +9,10 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from labkit.backends.names import LABKIT_BACKENDS, available_labkit_backends
 from labkit.launcher._backend_spec import BackendSpec
 from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose
 from labkit.launcher.launch_log import note_launch
-
-# Backends that labkit implements itself: name -> module whose import registers it with
-# torch.distributed. The ranks import the module before init_process_group.
-LABKIT_BACKENDS: dict[str, str] = {
-    "labkit_shm": "labkit.backends.shm",
-    "labkit_record": "labkit.backends.recording",
-    "labkit_simnet": "labkit.backends.simnet",
-    "labkit_cpp": "labkit.backends.cpp",
-}
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
@@ -28,14 +20,42 @@ BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 @dataclass(frozen=True)
 class Plan:
     world_size: int
-    backend: str
-    backend_spec: BackendSpec | None  # registers a non-builtin backend inside each rank
+    # The backend, in one value that travels to the ranks with the call: a builtin's name, or
+    # the BackendSpec that names and registers a non-builtin one (labkit's or the learner's).
+    carrier: str | BackendSpec
     device: str  # may contain "{rank}", filled in by each rank
     threads: int  # torch intra-op threads per rank
     timeout: float
     pg_timeout: float  # longer than timeout, so the launcher's diagnosis (with stacks) wins
     loopback_if: str | None
     verbose: bool
+
+    @property
+    def backend(self) -> str:
+        """The name ``init_process_group`` gets."""
+        return backend_name(self.carrier)
+
+    @property
+    def backend_spec(self) -> BackendSpec | None:
+        """The spec that registers a non-builtin backend, or None for a builtin one."""
+        return self.carrier if isinstance(self.carrier, BackendSpec) else None
+
+    def import_backend_here(self) -> None:
+        """Import a non-builtin backend's module in the kernel too, before the ranks start.
+
+        One that builds something (the C++ backend compiles on first use) does it once, not
+        in every rank under the timeout.
+        """
+        spec = self.backend_spec
+        if spec is not None and spec.module:
+            import importlib
+
+            importlib.import_module(spec.module)
+
+
+def backend_name(carrier: str | BackendSpec) -> str:
+    """The backend name of a plan's carrier (lower case, as ``init_process_group`` uses it)."""
+    return (carrier.name if isinstance(carrier, BackendSpec) else carrier).lower()
 
 
 def max_world_size() -> int:
@@ -244,20 +264,6 @@ def _say_once(note: str) -> None:
         print(f"note: {note}", file=sys.stderr, flush=True)
 
 
-def available_labkit_backends() -> list[str]:
-    """labkit's own backends whose modules exist in this installation."""
-    import importlib.util
-
-    found = []
-    for name, module in LABKIT_BACKENDS.items():
-        try:
-            if importlib.util.find_spec(module) is not None:
-                found.append(name)
-        except ModuleNotFoundError:
-            pass
-    return found
-
-
 def _check_name(backend) -> str:
     import torch.distributed as dist
 
@@ -295,13 +301,13 @@ def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
             f"timeout must be a positive number of seconds, got {timeout!r}: every launch "
             "has a deadline, so a deadlock ends with a diagnosis instead of a hang"
         )
-    backend, spec, device = resolve(backend, device, world_size)
+    name, spec, device = resolve(backend, device, world_size)
+    carrier = name if spec is None else spec
     threads = max(1, (os.cpu_count() or 1) // world_size)
-    note_launch(backend, device, world_size)  # what "auto" became, for the course report
+    note_launch(backend_name(carrier), device, world_size)  # what "auto" became, for the report
     return Plan(
         world_size,
-        backend,
-        spec,
+        carrier,
         device,
         threads,
         float(timeout),
@@ -353,12 +359,13 @@ def _dumps(obj) -> bytes:
     return buf.getvalue()
 
 
-def pickle_call(fn, args: tuple, kwargs: dict, spec: BackendSpec | None = None) -> bytes:
-    """Serialise the call by value (works for lambdas and closures defined in a notebook)."""
+def pickle_call(fn, args: tuple, kwargs: dict, carrier: str | BackendSpec = "gloo") -> bytes:
+    """Serialise the call and its backend by value (works for lambdas and closures defined in
+    a notebook, and for a BackendSpec whose creator is one); ``carrier`` is ``Plan.carrier``."""
     import cloudpickle
 
     try:
-        return _dumps((fn, args, kwargs, spec))
+        return _dumps((fn, args, kwargs, carrier))
     except Exception as exc:  # noqa: BLE001 - find the culprit for the message
         culprit = "fn (or something it uses from the notebook)"
         for i, a in enumerate(args):

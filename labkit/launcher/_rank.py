@@ -20,10 +20,7 @@ from datetime import timedelta
 
 from labkit.launcher import _context
 from labkit.launcher._wire import recv_msg, send_msg
-
-# Exit codes a rank uses on its own; the launcher reports anything else as a crash.
-EXIT_OK = 0
-EXIT_RAISED = 1
+from labkit.launcher.failure_policy import EXIT_OK, EXIT_RAISED
 
 
 def _redirect_output(out_fd: int, err_fd: int) -> None:
@@ -67,7 +64,10 @@ def _run(call: dict, rank: int, world_size: int):
     import torch
     import torch.distributed as dist
 
-    fn, args, kwargs, spec = cloudpickle.loads(call["payload"])
+    from labkit.launcher._backend_spec import BackendSpec
+
+    fn, args, kwargs, carrier = cloudpickle.loads(call["payload"])
+    backend = (carrier.name if isinstance(carrier, BackendSpec) else carrier).lower()
     local = call["local"]
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -87,13 +87,13 @@ def _run(call: dict, rank: int, world_size: int):
     device = torch.device(local["device"].replace("{rank}", str(rank)))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    _context.set_rank_context(rank, world_size, device, local["backend"])
-    if spec is not None:
-        spec.prepare()
+    _context.set_rank_context(rank, world_size, device, backend)
+    if isinstance(carrier, BackendSpec):
+        carrier.prepare()
     timeout = timedelta(seconds=local["pg_timeout"])
     store = dist.TCPStore("127.0.0.1", local["port"], world_size, False, timeout=timeout)
     dist.init_process_group(
-        backend=local["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout
+        backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
     )
     _state["store"] = store
     return fn(rank, world_size, *args, **kwargs)

@@ -28,11 +28,12 @@ from labkit.launcher.errors import (
     describe_exit,
     format_remote_traceback,
 )
-
-FAILURE_GRACE_S = 0.5  # after a first failure, wait this long for other ranks' own errors
-STACK_WAIT_S = 3.0  # how long ranks get to write their stacks at a timeout
-STACK_QUIET_S = 0.25  # a dump is complete once its pipe has been quiet this long
-EXIT_WAIT_S = 10.0  # after its result, a rank's teardown gets this long before SIGKILL
+from labkit.launcher.failure_policy import (
+    EXIT_WAIT_S,
+    FAILURE_GRACE_S,
+    STACK_QUIET_S,
+    STACK_WAIT_S,
+)
 
 _launch_ids = itertools.count(1)
 
@@ -109,7 +110,6 @@ class LaunchRun:
             "launcher_pid": os.getpid(),
             "local": {
                 "port": self.port,
-                "backend": p.backend,
                 "device": p.device,
                 "threads": p.threads,
                 "pg_timeout": p.pg_timeout,
@@ -119,23 +119,27 @@ class LaunchRun:
         }
 
     # -- the loop -------------------------------------------------------------------------
+    def _start_ranks(self) -> None:
+        """Host the store, fork the ranks, send each the call and watch all their pipes."""
+        self._start_store()
+        self.pids = self.zygote.start_ranks(self.id, [r.child_fds for r in self.ranks])
+        for r in self.ranks:
+            r.close_child_ends()
+        call = self._call_message()
+        for r in self.ranks:
+            try:
+                send_msg(r.ctrl, call)
+            except OSError:
+                pass  # the rank already died; its exit is reported by the zygote
+            self.sel.register(r.ctrl, selectors.EVENT_READ, ("ctrl", r))
+            self.sel.register(r.out, selectors.EVENT_READ, ("out", r))
+            self.sel.register(r.err, selectors.EVENT_READ, ("err", r))
+            self.sel.register(r.stk, selectors.EVENT_READ, ("stk", r))
+        self.sel.register(self.zygote.sock, selectors.EVENT_READ, ("zygote", None))
+
     def run(self) -> list:
         try:
-            self._start_store()
-            self.pids = self.zygote.start_ranks(self.id, [r.child_fds for r in self.ranks])
-            for r in self.ranks:
-                r.close_child_ends()
-            call = self._call_message()
-            for r in self.ranks:
-                try:
-                    send_msg(r.ctrl, call)
-                except OSError:
-                    pass  # the rank already died; its exit is reported by the zygote
-                self.sel.register(r.ctrl, selectors.EVENT_READ, ("ctrl", r))
-                self.sel.register(r.out, selectors.EVENT_READ, ("out", r))
-                self.sel.register(r.err, selectors.EVENT_READ, ("err", r))
-                self.sel.register(r.stk, selectors.EVENT_READ, ("stk", r))
-            self.sel.register(self.zygote.sock, selectors.EVENT_READ, ("zygote", None))
+            self._start_ranks()
             return self._supervise()
         finally:
             self._cleanup()

@@ -17,9 +17,10 @@ import socket
 import struct
 import time
 
-from labkit.launcher._run import FAILURE_GRACE_S, STACK_QUIET_S, STACK_WAIT_S, LaunchRun
+from labkit.launcher._run import LaunchRun
 from labkit.launcher._wire import FrameReader, send_msg
 from labkit.launcher.errors import clean_stack_dump
+from labkit.launcher.failure_policy import FAILURE_GRACE_S, STACK_QUIET_S, STACK_WAIT_S
 
 
 class WorldRun(LaunchRun):
@@ -36,21 +37,7 @@ class WorldRun(LaunchRun):
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
         """Start the ranks and wait until every one has connected back (or fail)."""
-        self._start_store()
-        self.pids = self.zygote.start_ranks(self.id, [r.child_fds for r in self.ranks])
-        for r in self.ranks:
-            r.close_child_ends()
-        call = self._call_message()
-        for r in self.ranks:
-            try:
-                send_msg(r.ctrl, call)
-            except OSError:
-                pass  # the rank already died; its exit is reported by the zygote
-            self.sel.register(r.ctrl, selectors.EVENT_READ, ("ctrl", r))
-            self.sel.register(r.out, selectors.EVENT_READ, ("out", r))
-            self.sel.register(r.err, selectors.EVENT_READ, ("err", r))
-            self.sel.register(r.stk, selectors.EVENT_READ, ("stk", r))
-        self.sel.register(self.zygote.sock, selectors.EVENT_READ, ("zygote", None))
+        self._start_ranks()
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
         deadline = time.monotonic() + self.plan.timeout
         while len(self.conns) < self.plan.world_size:

@@ -29,12 +29,11 @@ import weakref
 from labkit.launcher._checks import _dumps, make_plan, pickle_call
 from labkit.launcher._pool import ZygoteError, _lock, get_zygote
 from labkit.launcher.errors import RankError, RankFailure
+from labkit.launcher.failure_policy import INTERRUPT_GRACE_S, STOP_GRACE_S
 from labkit.ranks._server import CELL_PREFIX, serve
 from labkit.ranks._world_run import WorldRun
 from labkit.ranks.cells import CellResult, RankOutput, stopped_error, timeout_error
 
-STOP_GRACE_S = 2.0  # a stopping rank gets this long to leave its group before SIGKILL
-INTERRUPT_GRACE_S = 2.0  # after Ctrl-C, how long ranks get to abandon the cell
 _current: World | None = None
 
 
@@ -84,9 +83,8 @@ class World:
             address = os.path.join(folder, "cells")
             listener.bind(address)
             listener.listen(self.world_size)
-            payload = pickle_call(serve, (address,), {}, self._plan.backend_spec)
-            if self._plan.backend_spec is not None and self._plan.backend_spec.module:
-                __import__(self._plan.backend_spec.module)
+            payload = pickle_call(serve, (address,), {}, self._plan.carrier)
+            self._plan.import_backend_here()
             with _lock:
                 run = WorldRun(get_zygote(), self._plan, payload, listener)
                 try:
