@@ -15,7 +15,7 @@ from labkit.memory import ADAM_MIXED_K, GB, activation_bytes_per_layer, zero_mem
 from labkit.parallel.dims import AXES, ParallelDims
 
 if TYPE_CHECKING:
-    from labkit.planner import DeviceSpec, ModelSpec
+    from labkit.plan_specs import DeviceSpec, ModelSpec
 
 __all__ = [
     "MemoryEstimate",
