@@ -2,7 +2,7 @@
 
 Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
-Shared machines are noisy (FINDINGS.md: repeated runs vary up to 2×), so the implementations
+Shared machines are noisy (repeated runs can vary by up to 2×), so the implementations
 take turns: for every size and repeat, each runs once, in the same order, after a barrier.
 A sample is the slowest rank's time (an all-reduce is done when the last rank is done), and
 the result is the median over repeats. Compare the ratios within one run, not across runs.
