@@ -48,8 +48,6 @@ __all__ = [
 def message_sizes(smallest: int = 1, largest: int = 1 << 24, factor: int = 4) -> list[int]:
     """Message sizes in bytes from ``smallest`` to ``largest``, each ``factor`` times the last.
 
-    Introduced in notebooks/01_point_to_point.ipynb.
-
     Args:
         smallest: first size in bytes (at least 1).
         largest: last size in bytes (included when the sequence reaches it).
@@ -91,8 +89,6 @@ def p2p_pingpong(
 
     Call it on every rank of the group (e.g. inside ``lk.launch``); ranks other than ``src``
     and ``dst`` return at once.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         sizes_bytes: message sizes in bytes (sorted and deduplicated; see ``message_sizes``).
@@ -214,8 +210,6 @@ def alpha_beta_fit(
     busy processes the medians carry their scheduling delays (multiples of a time slice,
     ~1-4 ms), which swamp a ~100 µs α; the minimum over many iterations does not.
 
-    Introduced in notebooks/01_point_to_point.ipynb.
-
     Args:
         results: rows with ``n_bytes`` and ``time_s`` (at least two distinct sizes).
         relative: minimise relative rather than absolute residuals.
@@ -248,8 +242,6 @@ def alpha_beta_fit(
 
 def format_table(results: Sequence[BenchResult]) -> str:
     """The rows as a fixed-width text table (size, times, bandwidths), nccl-tests style.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         results: benchmark rows.
@@ -285,8 +277,6 @@ def launch_collective(
     timeout: float = 600.0,
 ) -> list[BenchResult]:
     """Launch ``world_size`` ranks and benchmark ``name`` there (``labkit bench`` runs this).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         name: a collective of ``COLLECTIVES``, or ``"p2p"`` (ping-pong between ranks 0 and 1).

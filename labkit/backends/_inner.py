@@ -83,8 +83,6 @@ def create_inner(
 ) -> dist.ProcessGroup:
     """Create the process group of backend ``inner`` for one group, as torch would.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         inner: ``"gloo"``, ``"nccl"``, a labkit backend name (``"labkit_shm"``, ...), the name
             of any backend registered in this process, or an ``lk.BackendSpec``.

@@ -130,8 +130,6 @@ class _NotifyingWork(WrappedWork):
 def when_complete(work: dist.Work, done: Callable[[], None]) -> dist.Work:
     """Arrange for ``done()`` to run once when ``work`` completes; return the Work to hand out.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         work: the inner group's Work.
         done: called with no arguments at completion (possibly on the backend's thread).

@@ -60,8 +60,6 @@ def describe(t: torch.Tensor) -> str:
 def reduce_op_name(op) -> str:
     """The name of a reduction given as ``opts.reduceOp``, a ``ReduceOp`` or a ``RedOpType``.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         op: ``opts.reduceOp`` (a ``ReduceOp`` object), ``dist.ReduceOp.SUM`` or a ``RedOpType``.
 
@@ -82,8 +80,6 @@ def reduce_op_name(op) -> str:
 
 def reduction_error(op: str, dtype: torch.dtype, dtypes=REDUCE_DTYPES) -> str | None:
     """Why ``op`` cannot reduce tensors of ``dtype`` (None when it can).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         op: a name from ``reduce_op_name``.
@@ -117,8 +113,6 @@ _BINARY = {
 
 def reduce_rows(rows, op: str, out: torch.Tensor) -> torch.Tensor:
     """Reduce the rows of ``rows`` element-wise into ``out`` (shape [m]).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     A chain of binary ops in row order, ``out = ((row0 op row1) op row2) ...``, as gloo
     reduces: every rank that reduces the same rows gets bit-identical results (which keeps
@@ -155,8 +149,6 @@ def reduce_rows(rows, op: str, out: torch.Tensor) -> torch.Tensor:
 def reduce_into_row(rows: torch.Tensor, keep: int, op: str) -> torch.Tensor:
     """Reduce every row of ``rows`` ([n, m]) into row ``keep``, in place.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     The order is row ``keep`` first, then the others in row order. Used where each piece of
     a result is reduced by exactly one rank, so every rank still sees the same values.
 
@@ -184,8 +176,6 @@ def reduce_into_row(rows: torch.Tensor, keep: int, op: str) -> torch.Tensor:
 def completed_work(result) -> dist.Work:
     """A finished ``Work`` whose future holds ``result`` (usually the output tensors).
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         result: what ``work.get_future().value()`` returns; DDP expects a list of tensors.
 
@@ -199,8 +189,6 @@ def completed_work(result) -> dist.Work:
 
 class FutureWork(dist.Work):
     """A ``Work`` that finishes when its future does; ``complete`` and ``fail`` end it.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     For operations that finish on another thread (send/recv). It also answers
     ``_source_rank()``, which ``dist.recv(src=None)`` asks of the work after waiting.
@@ -259,8 +247,6 @@ class FutureWork(dist.Work):
 
 class PythonProcessGroup(dist.ProcessGroup):
     """Base for process groups written in Python: naming and the aliases torch calls.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     ``init_device_mesh`` reads ``group.group_name``; for a Python group the C++ getter looks
     for a registered backend and raises "ProcessGroup name not set", so the name torch assigns

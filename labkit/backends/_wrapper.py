@@ -43,8 +43,6 @@ from labkit.trace.spans import clock_ns
 class WrapperProcessGroup(dist.ProcessGroup):
     """Delegate every operation to ``inner``, calling ``before_op`` / ``after_op`` around it.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         inner: the process group that does the work.
         global_ranks: global rank of each rank of this group (default: ``range(size)``).

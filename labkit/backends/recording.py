@@ -85,8 +85,6 @@ SETTLE_S = 0.2  # records() waits at most this long for callbacks of completed o
 class RecordingProcessGroup(WrapperProcessGroup):
     """A ``WrapperProcessGroup`` whose ``after_op`` appends an ``OpRecord`` per operation.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         inner: the process group that does the work.
         global_ranks: global rank of each rank of the group.
@@ -138,8 +136,6 @@ def _create(opts, backend_options=None, inner: str | BackendSpec | None = None):
 def spec(inner: str | BackendSpec = "gloo") -> BackendSpec:
     """A backend that records every operation and runs it on ``inner``.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         inner: ``"gloo"`` (default), ``"nccl"``, ``"labkit_shm"`` (or another labkit backend),
             or an ``lk.BackendSpec`` (e.g. a backend written in a notebook).
@@ -162,8 +158,6 @@ def spec(inner: str | BackendSpec = "gloo") -> BackendSpec:
 
 def records(group: dist.ProcessGroup | str | None = None) -> list[OpRecord]:
     """This rank's recorded operations, in the order they were issued (copies).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         group: only this group's operations (a group or its name); default: every recording
@@ -206,8 +200,6 @@ def _settle() -> None:
 def clear() -> None:
     """Forget this rank's records so far (e.g. after a warm-up step).
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Returns:
         None.
     """
@@ -217,8 +209,6 @@ def clear() -> None:
 
 def summarize(rows: Iterable[OpRecord]) -> dict[str, dict[str, float]]:
     """Count, bytes and time per op name: ``{"all_reduce": {"count": 2, "n_bytes": ..., ...}}``.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         rows: records, e.g. ``records()``.

@@ -50,8 +50,6 @@ BACKEND_NAME = "labkit_simlink"
 class SerialLinkProcessGroup(SimulatedNetworkProcessGroup):
     """A simulated network where each operation waits for the previous one to leave the link.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
-
     Args:
         inner: the process group that does the work.
         network: the simulated ``lk.Network``.
@@ -101,8 +99,6 @@ def spec(
     algorithms: Mapping[str, str] | None = None,
 ) -> BackendSpec:
     """A backend that runs on ``inner`` and queues every operation on one simulated link.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         network: an ``lk.Network`` or a preset name (``"10GbE"``, ...).

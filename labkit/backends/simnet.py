@@ -124,8 +124,6 @@ class _DelayedWork(WrappedWork):
 class SimulatedNetworkProcessGroup(WrapperProcessGroup):
     """Run each operation on ``inner``, then hold its completion until the model's time.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         inner: the process group that does the work.
         network: the simulated ``lk.Network`` (α, β, γ).
@@ -171,8 +169,6 @@ class SimulatedNetworkProcessGroup(WrapperProcessGroup):
 
 def network_from_env(value: str | None = None) -> Network:
     """The simulated network named by ``LABKIT_SIMNET_NETWORK`` (or ``value``).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         value: a preset name (``"loopback"``, ``"10GbE"``, ``"100Gb-IB"``, ``"NVLink"``) or
@@ -223,8 +219,6 @@ def spec(
     algorithms: Mapping[str, str] | None = None,
 ) -> BackendSpec:
     """A backend that runs on ``inner`` and takes as long as ``network`` would.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         network: an ``lk.Network`` (e.g. ``lk.costmodel.fit(...)``) or a preset name.

@@ -22,8 +22,6 @@ _ALIASES = {"prod": "product", "mean": "avg"}
 def op_name(op: Any) -> str:
     """The lower-case name of a reduction op given as ``dist.ReduceOp.SUM``-like or a string.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         op: ``dist.ReduceOp.SUM`` (a ``RedOpType``), ``dist.ReduceOp(...)``, or a name such
             as ``"sum"`` / ``"max"``.
@@ -50,8 +48,6 @@ def combine_(dst: torch.Tensor, other: torch.Tensor, op: str, other_first: bool 
 
     The operand order is fixed so that two ranks combining the same pair of values get the
     same bits (recursive doubling relies on it). AVG combines as SUM; ``finish_`` divides.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         dst: the accumulator, overwritten.
@@ -81,8 +77,6 @@ def combine_(dst: torch.Tensor, other: torch.Tensor, op: str, other_first: bool 
 def finish_(tensor: torch.Tensor, op: str, world_size: int) -> None:
     """Turn a SUM into the AVG (``tensor /= world_size``) when ``op`` is ``"avg"``.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the summed values, divided in place when ``op == "avg"``.
         op: one of ``OPS``.
@@ -101,8 +95,6 @@ def finish_(tensor: torch.Tensor, op: str, world_size: int) -> None:
 @contextmanager
 def flat_view(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     """A 1-D contiguous buffer for ``tensor``; written back on exit if it had to be a copy.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: any tensor; send/recv need contiguous memory, so a non-contiguous one is
@@ -132,8 +124,6 @@ def check_same_input(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | N
     Costs one all-gather of one int64 per rank (a checksum of shape, dtype and op); only when
     they differ does a second all-gather fetch the details for the message. Without it, ranks
     with different sizes would wait for each other's messages forever.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: this rank's input.
@@ -176,8 +166,6 @@ def prepare(
     tensor: torch.Tensor, op: Any, group: dist.ProcessGroup | None, check: bool = True
 ) -> str:
     """Validate the call of an all-reduce algorithm on this rank; return the op's name.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: the input, reduced in place afterwards.

@@ -82,8 +82,6 @@ def allreduce_rabenseifner(
     and get the result back at the end, so those partners send 2⌊log2 p⌋ + 1 messages and
     the folded ranks one. Works for any size, including sizes smaller than p (empty chunks).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.

@@ -62,8 +62,6 @@ def allreduce_recursive_doubling(
     2005, §4), so most ranks send ⌊log2 p⌋ messages, the partners of folded ranks one more
     and the folded ranks one.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.

@@ -71,8 +71,6 @@ def reduce_scatter_ring(
     (r−s−2) mod p that rank r−1 sends into its own copy. Thakur, Rabenseifner and Gropp
     2005, §4 (the first half of the ring all-reduce).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's full input, split into chunks by ``chunk_bounds(numel, p)``.
         op: SUM, PRODUCT, MIN, MAX or AVG.
@@ -104,8 +102,6 @@ def all_gather_ring(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     (r−s−1) mod p from rank r−1, forwarding what it received in the previous step. Thakur,
     Rabenseifner and Gropp 2005, §3 (ring all-gather).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the full-size buffer, split into chunks by ``chunk_bounds(numel, p)``; same
             shape and dtype on every rank (not checked, the caller guarantees it).
@@ -135,8 +131,6 @@ def allreduce_ring(
     2(p−1) sends per rank of one chunk (about n/p elements) each, 2(p−1)/p · n elements per
     rank in all, whatever p (Thakur, Rabenseifner and Gropp 2005, §4). Works for any size,
     including sizes not divisible by p and smaller than p (some chunks are then empty).
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.

@@ -54,10 +54,7 @@ class RingStep:
 
 @dataclass
 class RingTrace:
-    """A recorded ring all-reduce: inputs, the steps, the result, each rank's message counts.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-    """
+    """A recorded ring all-reduce: inputs, the steps, the result, each rank's message counts."""
 
     world_size: int
     inputs: list[list[float]]
@@ -105,8 +102,6 @@ class _Done:
 
 class ThreadP2P(P2P):
     """``P2P`` between threads of one process: rank r sends into a queue rank d reads.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         ring: the shared state of the simulated ranks (built by ``trace_ring_allreduce``).
@@ -206,8 +201,6 @@ def trace_ring_allreduce(inputs: list[list[float]] | torch.Tensor, op: str = "su
 
     Thakur, Rabenseifner and Gropp 2005, §4: p−1 reduce-scatter steps, then p−1 all-gather
     steps; in every step each rank sends one chunk to rank r+1 and receives one from r−1.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         inputs: one equal-length buffer per rank (a list of lists, or a 2-D tensor whose

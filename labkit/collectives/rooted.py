@@ -39,8 +39,6 @@ def allreduce_naive(
     The "reduce + broadcast" baseline of Thakur, Rabenseifner and Gropp 2005, §4, with
     flat (linear) reduce and broadcast.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.
@@ -114,8 +112,6 @@ def reduce_tree(
     the rank 2^k below it; after ⌈log2 p⌉ rounds the root holds the reduction. Each non-root
     rank sends exactly one message. Thakur, Rabenseifner and Gropp 2005, §4 (reduce).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; on ``root`` the reduction afterwards, on other ranks a
             partial result (like ``dist.reduce``, do not rely on it).
@@ -151,8 +147,6 @@ def broadcast_tree(
     the rank 2^k above them, ⌈log2 p⌉ rounds in all and p−1 messages. Thakur, Rabenseifner
     and Gropp 2005, §3 (binomial-tree broadcast).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the data on ``root``; the buffer to fill on the other ranks (same shape and
             dtype everywhere; not checked, the caller guarantees it).
@@ -184,8 +178,6 @@ def allreduce_tree(
 
     2(p−1) messages of n elements in total, ⌈log2 p⌉ rounds each way, so time grows like
     2⌈log2 p⌉(α + nβ) (Thakur, Rabenseifner and Gropp 2005, §4).
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.

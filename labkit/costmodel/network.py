@@ -27,8 +27,6 @@ GB = 1e9  # bytes per GB
 class Network:
     """An α-β(-γ) network: ``latency_us`` (α in µs) and ``bandwidth_gbps`` (1/β in GB/s).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         latency_us: start-up time of one message, α, in microseconds (≥ 0).
         bandwidth_gbps: asymptotic bandwidth 1/β in GB/s = 10⁹ bytes/s (> 0; ``inf`` allowed).
@@ -87,8 +85,6 @@ class Network:
     ) -> Network:
         """The network with ``alpha`` (s) and ``beta`` (s/byte), e.g. from ``lk.bench``'s fit.
 
-        Introduced in notebooks/05_communication_cost.ipynb.
-
         Args:
             alpha: latency in seconds.
             beta: time per byte in seconds (> 0).
@@ -111,8 +107,6 @@ class Network:
 
         The numbers and their sources are in ``PRESETS``; they are orders of magnitude for
         what-if questions, not a substitute for measuring (``fit``).
-
-        Introduced in notebooks/05_communication_cost.ipynb.
 
         Args:
             name: a key of ``PRESETS`` (case-insensitive).
@@ -161,8 +155,6 @@ def fit(
     when the unconstrained optimum has α < 0 (noisy small-message times), the best line
     through the origin is returned instead, which is the constrained least-squares solution.
     On exact data ``t = α + nβ`` both recover α and β exactly.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         sizes_bytes: message sizes (at least two distinct).

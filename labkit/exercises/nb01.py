@@ -44,8 +44,6 @@ def ring_exchange(
     they were sent (§3.5, "Order"), so even on 2 ranks (left = right) the two receives match
     the two sends.
 
-    Introduced in notebooks/01_point_to_point.ipynb.
-
     Args:
         rank: this rank (global).
         world_size: ranks on the ring.
@@ -116,8 +114,6 @@ def _compare(world_size: int, results: list[Any]) -> None:
 @exercise("01_ring_exchange", reference=ring_exchange, prompt=PROMPT)
 def check_ring_exchange(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a neighbour exchange on rings of 2, 3 and 4 ranks: right values, no deadlock.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         fn: the learner's ``fn(rank, world_size, x) -> (from_left, from_right)``.

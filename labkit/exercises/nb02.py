@@ -44,8 +44,6 @@ def allreduce_from_parts(tensor: torch.Tensor, group: dist.ProcessGroup | None =
     and sends p−1 (a bottleneck the ring all-reduce of notebook 03 removes); see Thakur,
     Rabenseifner and Gropp 2005, §4.
 
-    Introduced in notebooks/02_collectives.ipynb.
-
     Args:
         tensor: this rank's contribution; holds the sum over the group's ranks afterwards.
         group: the process group (default: the default group).
@@ -193,8 +191,6 @@ def _compare(world_size: int, results: list[list[dict | None]]) -> None:
 @exercise("02_allreduce_from_parts", reference=allreduce_from_parts, prompt=PROMPT)
 def check_allreduce_from_parts(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check an all-reduce built from reduce + broadcast against ``dist.all_reduce``.
-
-    Introduced in notebooks/02_collectives.ipynb.
 
     Args:
         fn: the learner's ``fn(tensor, group=None)``, a SUM all-reduce in place.

@@ -49,8 +49,6 @@ def ring_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     Reference solution of exercise ``03_ring_all_gather``; ``lk.collectives.all_gather_ring``
     is the same algorithm. Thakur, Rabenseifner and Gropp 2005, §3 (ring all-gather).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: 1-D; chunk r (``chunk_bounds``) valid on rank r; every chunk valid afterwards.
         group: the process group (default: the default group).
@@ -193,8 +191,6 @@ def _check_sends(world_size: int, rank: int, numel: int, sends: list[tuple[int, 
 @exercise("03_ring_all_gather", reference=ring_all_gather, prompt=PROMPT)
 def check_ring_all_gather(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a ring all-gather on 2, 3 and 4 ranks: every chunk in place, p−1 sends to the right.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         fn: the learner's ``fn(tensor, group=None)``, filling ``tensor`` in place.

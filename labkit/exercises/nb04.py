@@ -63,8 +63,6 @@ def store_allreduce(store: Any, rank: int, world_size: int, key: str, tensor: to
     on every rank, so the bits agree everywhere (floating-point addition is not associative).
     Each call needs a fresh ``key``: a store keeps old values, and ``get`` would return them.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         store: the group's c10d store (``set(key, bytes)``; ``get(key)`` waits for the key).
         rank: this rank in the group.
@@ -94,8 +92,6 @@ def completed(result: Any) -> dist.Work:
 
 class StoreProcessGroup(dist.ProcessGroup):
     """The smallest backend DDP runs on: all_reduce (SUM), broadcast and all_gather via the store.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         store: the group's store (from the creator ``register_backend`` calls).
@@ -227,8 +223,6 @@ def _compare(world_size: int, results: list[list[torch.Tensor]]) -> None:
 @exercise("04_minimal_allreduce", reference=store_allreduce, prompt=PROMPT)
 def check_minimal_allreduce(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a store-based all-reduce inside a real backend on 2 and 3 ranks.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         fn: the learner's ``fn(store, rank, world_size, key, tensor)``, summing in place.

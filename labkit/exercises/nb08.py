@@ -92,8 +92,6 @@ def _apply_by_hand(fn: Callable[..., Any]) -> None:
 def check_apply_gradient(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check the server's step by hand, then inside the parameter server on 2 and 3 ranks.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         fn: the learner's ``fn(theta, version, grad, grad_version, lr) -> (version, staleness)``.
 
@@ -162,8 +160,6 @@ def _local_vs_sync(rank: int, world_size: int, fn: Callable[..., Any], problem) 
 @exercise("08_average_parameters", reference=average_parameters, prompt=AVERAGE_PROMPT)
 def check_average_parameters(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check parameter averaging on 3 ranks, then local SGD with H = 1 against sync SGD.
-
-    Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Args:
         fn: the learner's ``fn(theta, group=None)``, averaging ``theta`` in place.

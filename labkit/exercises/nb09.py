@@ -50,8 +50,6 @@ def reference_step(
 ) -> None:
     """Reference solution of ``09_accumulation_step``: ``lk.parallel.accumulate.accumulation_step``.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         model: the DDP-wrapped model.
         optimizer: its optimizer.
@@ -103,8 +101,6 @@ def _run(rank: int, world_size: int, fn: Callable) -> dict[str, Any]:
 
 def reference_params(variant: str = "large_batch") -> list[torch.Tensor]:
     """One process: parameters after each step on the global batch (or a known mistake).
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         variant: ``"large_batch"`` (the right answer); ``"last_micro_only"`` (zero_grad before
@@ -183,8 +179,6 @@ def _compare(results: list[dict[str, Any]]) -> dict[str, Any]:
 @exercise("09_accumulation_step", reference=reference_step, prompt=PROMPT)
 def check_accumulation_step(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a gradient-accumulation step under DDP: large-batch parameters, one round a step.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         fn: the learner's ``fn(model, optimizer, micro_batches, loss_fn)``.

@@ -44,8 +44,6 @@ def reference_stage_backward(
 ) -> None:
     """A middle stage's backward over send/recv (reference of ``10_stage_backward``).
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     Args:
         inp: the stage's input (a leaf with ``requires_grad``), received from rank r − 1.
         out: the stage's output, sent to rank r + 1 in forward.
@@ -122,8 +120,6 @@ def _compare(p: int, results: list[dict[str, Any]]) -> None:
 @exercise("10_stage_backward", reference=reference_stage_backward, prompt=PROMPT)
 def check_stage_backward(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a middle stage's backward inside a model split over 3 and 4 ranks.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         fn: the learner's ``my_stage_backward(inp, out, group=None)``.

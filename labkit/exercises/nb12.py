@@ -37,8 +37,6 @@ Write a `torch.autograd.Function` with static `forward(ctx, x)` and `backward(ct
 def reference_f(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Megatron's ``f``: identity forward, all-reduce backward (reference of ``12_f_operator``).
 
-    Introduced in notebooks/12_tensor_parallel.ipynb.
-
     Args:
         x: the replicated input of a column-parallel layer.
         group: the tensor-parallel group (None: the default group).
@@ -120,8 +118,6 @@ def _compare(p: int, results: list[dict[str, Any]]) -> None:
 @exercise("12_f_operator", reference=reference_f, prompt=PROMPT)
 def check_f_operator(fn: Callable[..., torch.Tensor]) -> dict[str, Any]:
     """Check the learner's ``f`` inside a tensor-parallel MLP against the unsplit MLP.
-
-    Introduced in notebooks/12_tensor_parallel.ipynb.
 
     Args:
         fn: the learner's ``my_f(x, group=None)``.

@@ -40,8 +40,6 @@ _current: World | None = None
 class World:
     """``world_size`` ranks that stay up, each keeping its variables between cells.
 
-    Introduced in tests/notebooks/ranks_magic.ipynb (usage: docs/ranks.md).
-
     Every rank's namespace starts with ``rank``, ``world_size``, ``torch``, ``dist``
     (``torch.distributed``, default group initialised) and ``lk``. The newest world is the
     one the ``%%ranks`` magic uses. ``close()``, ``lk.shutdown()``, interpreter exit and the

@@ -16,10 +16,7 @@ __all__ = ["Explorer"]
 
 
 class Explorer:
-    """Base of the explorers: ``figure`` and ``text`` hold what the last callback produced.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-    """
+    """Base of the explorers: ``figure`` and ``text`` hold what the last callback produced."""
 
     def __init__(self) -> None:
         self.figure: Any = None

@@ -29,8 +29,6 @@ def _size_text(n: float) -> str:
 class CostExplorer(Explorer):
     """Predicted time of one collective, and its curve against size, from the α-β model.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         network: a preset name of ``lk.costmodel.PRESETS`` or a ``Network`` (e.g. fitted
             with ``lk.costmodel.fit`` on this machine).
@@ -179,8 +177,6 @@ def cost_explorer(
     """An ipywidgets explorer of the α-β model's predicted time, with measured points.
 
     Thakur, Rabenseifner and Gropp 2005 (the formulas of ``lk.costmodel``).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         network: a preset name or a ``Network``.

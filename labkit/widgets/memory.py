@@ -20,8 +20,6 @@ __all__ = ["ZeroMemoryExplorer", "zero_memory_explorer"]
 class ZeroMemoryExplorer(Explorer):
     """Per-device parameters, gradients and optimizer states under each ZeRO stage.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         n_params: Ψ, the number of parameters (default: the paper's 7.5B example).
         dp_degree: N_d, the data-parallel degree.
@@ -109,8 +107,6 @@ def zero_memory_explorer(
     """An ipywidgets explorer of per-device memory under ZeRO stages 0 to 3.
 
     ZeRO, Rajbhandari et al. 2020, Figure 1 (its defaults: Ψ = 7.5B, N_d = 64, K = 12).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         n_params: Ψ.

@@ -43,8 +43,6 @@ def _build(name: str, p: int, m: int, v: int) -> tuple[Schedule, int, int]:
 class PipelineExplorer(Explorer):
     """A pipeline schedule as a grid, with its bubble measured and predicted.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         n_stages: pipeline ranks p.
         n_microbatches: micro-batches m (a multiple of p for the interleaved schedule).
@@ -138,8 +136,6 @@ def pipeline_explorer(
     """An ipywidgets explorer of pipeline schedules: grid, bubble, activations in flight.
 
     GPipe (Huang et al. 2019, §2.3), 1F1B and interleaved 1F1B (Narayanan et al. 2021, §2).
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Args:
         n_stages: pipeline ranks p.

@@ -22,8 +22,6 @@ __all__ = ["PlannerExplorer", "planner_explorer"]
 class PlannerExplorer(Explorer):
     """The planner's table and bars for one model, device count and network.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
-
     Args:
         model: the ``ModelSpec`` (default: a 7B GPT-like model, 32 layers, h = 4096).
         devices: the ``DeviceSpec`` (default: 8 devices of 80 GB at 300 TFLOP/s sustained).
@@ -145,8 +143,6 @@ def planner_explorer(
     mixed_precision: bool = True,
 ) -> Any:
     """An ipywidgets explorer of the parallelism planner (``labkit.planner.plan``).
-
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
 
     Args:
         model: the ``ModelSpec`` (default: a 7B GPT-like model).

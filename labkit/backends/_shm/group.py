@@ -48,8 +48,6 @@ def _exchange_pids(store, rank: int, world_size: int, timeout: timedelta) -> lis
 class ShmProcessGroup(CollectiveCalls, PythonProcessGroup):
     """A process group whose ranks on one host exchange data through shared memory.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         store: the group's store (c10d passes a PrefixStore); carries the segment's name
             and the ranks' pids.

@@ -60,10 +60,7 @@ def dtype_of(code: int) -> str:
 
 
 class OutBox:
-    """This rank's end of the ring to ``dst``: writes messages.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """This rank's end of the ring to ``dst``: writes messages."""
 
     def __init__(self, seg, src: int, dst: int) -> None:
         lay = seg.layout
@@ -109,10 +106,7 @@ class OutBox:
 
 
 class InBox:
-    """This rank's end of the ring from ``src``: reads headers and bytes.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """This rank's end of the ring from ``src``: reads headers and bytes."""
 
     def __init__(self, seg, src: int, dst: int) -> None:
         lay = seg.layout
