@@ -6,14 +6,25 @@ Introduced in notebooks/03_allreduce_algorithms.ipynb.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["OPS", "check_same_input", "combine_", "finish_", "flat_view", "op_name", "prepare"]
+from labkit.collectives.counting import P2P
+
+__all__ = [
+    "OPS",
+    "check_same_input",
+    "combine_",
+    "finish_",
+    "flat_view",
+    "op_name",
+    "prepare",
+    "run_allreduce",
+]
 
 OPS = ("sum", "product", "min", "max", "avg")  # the ops these algorithms implement
 _ALIASES = {"prod": "product", "mean": "avg"}
@@ -192,3 +203,37 @@ def prepare(
             "integers is not an integer (dist.all_reduce refuses it too); use SUM and divide"
         )
     return name
+
+
+def run_allreduce(
+    tensor: torch.Tensor,
+    op: Any,
+    group: dist.ProcessGroup | None,
+    check: bool,
+    algorithm: Callable[[P2P, torch.Tensor, str], None],
+) -> None:
+    """Run an all-reduce ``algorithm`` on ``tensor`` in place, after the checks all of them make.
+
+    The call is validated (``prepare``), then ``algorithm(p2p, flat, name)`` reduces ``flat`` —
+    ``tensor`` as one contiguous 1-D buffer, written back if it had to be a copy — over the
+    group, sending through ``p2p`` (so the messages are counted) and dividing for AVG itself
+    (``finish_``), where its structure says.
+
+    Args:
+        tensor: this rank's input; holds the reduction over the group afterwards.
+        op: a ``dist.ReduceOp``-like op or its name.
+        group: the process group (default: the default group).
+        check: compare shape, dtype and op across ranks first (``check_same_input``).
+        algorithm: the algorithm on the flat buffer, given the op's name.
+
+    Returns:
+        None; ``tensor`` is modified in place, like ``dist.all_reduce``.
+
+    Raises:
+        ValueError: unsupported op, or inputs that differ across ranks (on every rank).
+        TypeError: AVG of an integer tensor.
+    """
+    name = prepare(tensor, op, group, check)
+    p2p = P2P(group)
+    with flat_view(tensor) as flat:
+        algorithm(p2p, flat, name)

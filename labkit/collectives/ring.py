@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from labkit.collectives.counting import P2P
 from labkit.collectives.expected import chunk_bounds
-from labkit.collectives.ops import combine_, finish_, flat_view, prepare
+from labkit.collectives.ops import combine_, finish_, flat_view, prepare, run_allreduce
 
 __all__ = ["all_gather_ring", "allreduce_ring", "reduce_scatter_ring"]
 
@@ -55,6 +55,13 @@ def _all_gather(p2p: P2P, flat: torch.Tensor) -> None:
         # Forward what arrived in the previous step (own chunk first), straight into place.
         send, recv = chunks[(r - step) % p], chunks[(r - step - 1) % p]
         p2p.at("all-gather", step).exchange(send, right, recv, left)
+
+
+def _reduce_scatter_all_gather(p2p: P2P, flat: torch.Tensor, op: str) -> None:
+    """The ring all-reduce on a contiguous buffer."""
+    mine = _reduce_scatter(p2p, flat, op)
+    finish_(mine, op, p2p.world_size)  # divide n/p elements, not n
+    _all_gather(p2p, flat)
 
 
 @torch.no_grad()
@@ -145,9 +152,4 @@ def allreduce_ring(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    name = prepare(tensor, op, group, check)
-    p2p = P2P(group)
-    with flat_view(tensor) as flat:
-        mine = _reduce_scatter(p2p, flat, name)
-        finish_(mine, name, p2p.world_size)  # divide n/p elements, not n
-        _all_gather(p2p, flat)
+    run_allreduce(tensor, op, group, check, _reduce_scatter_all_gather)
