@@ -21,7 +21,7 @@ from labkit.collectives.counting import P2P
 from labkit.collectives.expected import chunk_bounds
 from labkit.collectives.ops import combine_, finish_, flat_view, prepare, run_allreduce
 
-__all__ = ["all_gather_ring", "allreduce_ring", "reduce_scatter_ring"]
+__all__ = ["all_gather_ring", "allreduce_ring", "allreduce_ring_flat", "reduce_scatter_ring"]
 
 ReduceOp = dist.ReduceOp
 
@@ -57,8 +57,20 @@ def _all_gather(p2p: P2P, flat: torch.Tensor) -> None:
         p2p.at("all-gather", step).exchange(send, right, recv, left)
 
 
-def _reduce_scatter_all_gather(p2p: P2P, flat: torch.Tensor, op: str) -> None:
-    """The ring all-reduce on a contiguous buffer."""
+def allreduce_ring_flat(p2p: P2P, flat: torch.Tensor, op: str) -> None:
+    """The ring all-reduce of a contiguous 1-D buffer, sending through ``p2p``.
+
+    The body of ``allreduce_ring`` without its checks, for a ``P2P`` of one's own
+    (``labkit.collectives.ring_trace`` runs it on threads).
+
+    Args:
+        p2p: this rank's sends and receives (``world_size``, ``rank``, ``at``).
+        flat: this rank's contiguous 1-D input; holds the reduction afterwards.
+        op: the op's name, one of ``OPS``.
+
+    Returns:
+        None; ``flat`` is modified in place.
+    """
     mine = _reduce_scatter(p2p, flat, op)
     finish_(mine, op, p2p.world_size)  # divide n/p elements, not n
     _all_gather(p2p, flat)
@@ -152,4 +164,4 @@ def allreduce_ring(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    run_allreduce(tensor, op, group, check, _reduce_scatter_all_gather)
+    run_allreduce(tensor, op, group, check, allreduce_ring_flat)

@@ -22,8 +22,8 @@ import torch
 
 from labkit.collectives.counting import P2P, CommStats, count_messages
 from labkit.collectives.expected import chunk_bounds
-from labkit.collectives.ops import finish_, prepare
-from labkit.collectives.ring import _all_gather, _reduce_scatter
+from labkit.collectives.ops import prepare
+from labkit.collectives.ring import allreduce_ring_flat
 
 __all__ = ["RingStep", "RingTrace", "ThreadP2P", "Transfer", "trace_ring_allreduce"]
 
@@ -172,10 +172,7 @@ def _run(buffers: list[torch.Tensor], op: str) -> tuple[_Ring, list[CommStats]]:
         try:
             p2p = ThreadP2P(ring, r)
             with count_messages() as mine:
-                # The body of allreduce_ring, on this rank's P2P.
-                reduced = _reduce_scatter(p2p, buffers[r], op)
-                finish_(reduced, op, p2p.world_size)
-                _all_gather(p2p, buffers[r])
+                allreduce_ring_flat(p2p, buffers[r], op)
             stats[r] = mine
         except BaseException as exc:  # reported below, in the caller's thread
             errors.append(exc)
