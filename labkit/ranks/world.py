@@ -248,7 +248,7 @@ class World:
                         self._broken(run)
                     if time.monotonic() >= deadline:
                         self._timed_out(run, list(msgs), sorted(set(msgs) - set(got)), timeout)
-                    run._poll(min(0.2, max(0.0, deadline - time.monotonic())))
+                    run.poll(min(0.2, max(0.0, deadline - time.monotonic())))
             except ZygoteError:
                 self._zygote_died()
             except KeyboardInterrupt:
@@ -289,7 +289,7 @@ class World:
         while time.monotonic() < end and not run.broken_ranks():
             if all(run.replies.get(r, {}).get("id") == rid for r in msgs):
                 return
-            run._poll(0.05)
+            run.poll(0.05)
         self._close(0.0)
 
 
