@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 from labkit.parallel.async_sgd import (
     apply_gradient,
     average_parameters,
@@ -52,14 +51,17 @@ size)."""
 
 
 def _launch(fn: Callable[..., Any], world_size: int, args: tuple, what: str) -> list[Any]:
-    try:
-        return launch(fn, world_size, backend="gloo", device="cpu", args=args, timeout=TIMEOUT_S)
-    except LaunchTimeout as exc:
-        raise ExerciseFailed(f"{what} on {world_size} ranks did not finish:\n{exc}") from exc
-    except RankError as exc:
-        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-            raise  # not attempted: check() runs the reference instead
-        raise ExerciseFailed(f"{what} on {world_size} ranks: {first_cause(exc)}") from exc
+    return launch_learner(
+        fn,
+        world_size,
+        backend="gloo",
+        args=args,
+        timeout_s=TIMEOUT_S,
+        did_not_finish=what + " on {world_size} {ranks} did not finish:",
+        hang="",
+        stacks=True,
+        failed=what + " on {world_size} {ranks}: {cause}",
+    )
 
 
 def _serve(rank: int, world_size: int, fn: Callable[..., Any], problem) -> Any:

@@ -23,8 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 from labkit.parallel.accumulate import accumulation_step, split_micro_batches
 
 WORLD_SIZE = 2
@@ -191,15 +190,16 @@ def check_accumulation_step(fn: Callable[..., Any]) -> dict[str, Any]:
             k all-reduce rounds per step, or an error in a rank.
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
-    try:
-        results = launch(_run, WORLD_SIZE, backend="labkit_record", args=(fn,), timeout=TIMEOUT_S)
-    except LaunchTimeout as exc:
-        raise ExerciseFailed(
-            f"nothing finished within {TIMEOUT_S:g} s: do all ranks run the same number of "
-            "backward passes?\n" + str(exc)
-        ) from exc
-    except RankError as exc:
-        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-            raise
-        raise ExerciseFailed(first_cause(exc)) from exc
+    results = launch_learner(
+        _run,
+        WORLD_SIZE,
+        backend="labkit_record",
+        args=(fn,),
+        timeout_s=TIMEOUT_S,
+        device="auto",
+        did_not_finish="nothing finished within {timeout_s:g} s:",
+        hang="do all ranks run the same number of backward passes?",
+        stacks=True,
+        failed="{cause}",
+    )
     return _compare(results)
