@@ -58,12 +58,6 @@ def dtype_name(tensors: Sequence[torch.Tensor]) -> str:
     return str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
 
 
-def reduce_op_name(opts) -> str:
-    """``"SUM"``, ``"AVG"``...: ``opts.reduceOp`` is a ``ReduceOp`` whose ``.op`` has the name."""
-    op = opts.reduceOp
-    return getattr(getattr(op, "op", op), "name", str(op))
-
-
 class WrappedWork(dist.Work):
     """A Work that answers every query from the inner Work it wraps.
 

@@ -31,6 +31,7 @@ REDUCE_OPS: dict[object, str] = {
     _R.BXOR: "bxor",
 }
 BITWISE_OPS = ("band", "bor", "bxor")
+_ALIASES = {"prod": "product", "mean": "avg"}
 # The dtypes a reduction accepts: every float and integer type gloo and torch's CPU kernels
 # reduce, plus int16 (which gloo lacks).
 REDUCE_DTYPES: tuple[torch.dtype, ...] = (
@@ -58,24 +59,27 @@ def describe(t: torch.Tensor) -> str:
 
 
 def reduce_op_name(op) -> str:
-    """The name of a reduction given as ``opts.reduceOp``, a ``ReduceOp`` or a ``RedOpType``.
+    """The lower-case name of a reduction op, however it is given.
+
+    The one place where a reduction op becomes a name: labkit's backends, the wrapping
+    backends' records and ``lk.collectives`` read it here, and each checks what it supports
+    (``reduction_error``, ``lk.collectives.op_name``).
 
     Args:
-        op: ``opts.reduceOp`` (a ``ReduceOp`` object), ``dist.ReduceOp.SUM`` or a ``RedOpType``.
+        op: ``opts.reduceOp`` (a ``ReduceOp`` object), ``dist.ReduceOp.SUM`` (a
+            ``RedOpType``), or a name such as ``"sum"`` or ``"PROD"`` (``prod`` and ``mean``
+            are read as ``product`` and ``avg``).
 
     Returns:
-        ``"sum"``, ``"avg"``, ``"product"``, ``"min"``, ``"max"``, ``"band"``, ``"bor"`` or
-        ``"bxor"``.
-
-    Raises:
-        ValueError: for ``PREMUL_SUM`` (NCCL only) or anything else, naming what is supported.
+        ``"sum"``, ``"avg"``, ``"product"``, ``"min"``, ``"max"``, ``"band"``, ``"bor"``,
+        ``"bxor"``, ``"premul_sum"`` (NCCL only), or the lower-cased name given.
     """
-    kind = getattr(op, "op", op)  # a ReduceOp object wraps its RedOpType in .op
-    name = REDUCE_OPS.get(kind)
-    if name is None:
-        supported = ", ".join(n.upper() for n in REDUCE_OPS.values())
-        raise ValueError(f"unsupported reduce op {kind}: supported are {supported}")
-    return name
+    if isinstance(op, str):
+        name = op.lower()
+    else:
+        kind = getattr(op, "op", op)  # a ReduceOp object wraps its RedOpType in .op
+        name = str(getattr(kind, "name", kind)).lower()
+    return _ALIASES.get(name, name)
 
 
 def reduction_error(op: str, dtype: torch.dtype, dtypes=REDUCE_DTYPES) -> str | None:
@@ -89,6 +93,9 @@ def reduction_error(op: str, dtype: torch.dtype, dtypes=REDUCE_DTYPES) -> str | 
     Returns:
         An error text that names what is supported, or None.
     """
+    if op not in REDUCE_OPS.values():  # e.g. PREMUL_SUM, which only NCCL has
+        supported = ", ".join(n.upper() for n in REDUCE_OPS.values())
+        return f"unsupported reduce op {op.upper()}: supported are {supported}"
     if dtype not in dtypes:
         names = ", ".join(dtype_name(d) for d in dtypes)
         return f"cannot reduce {dtype_name(dtype)} tensors: supported dtypes are {names}"

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from labkit.backends._pg_util import reduce_op_name
 from labkit.collectives.counting import P2P
 
 __all__ = [
@@ -27,11 +28,10 @@ __all__ = [
 ]
 
 OPS = ("sum", "product", "min", "max", "avg")  # the ops these algorithms implement
-_ALIASES = {"prod": "product", "mean": "avg"}
 
 
 def op_name(op: Any) -> str:
-    """The lower-case name of a reduction op given as ``dist.ReduceOp.SUM``-like or a string.
+    """The name of a reduction op these algorithms implement (read by ``reduce_op_name``).
 
     Args:
         op: ``dist.ReduceOp.SUM`` (a ``RedOpType``), ``dist.ReduceOp(...)``, or a name such
@@ -43,12 +43,7 @@ def op_name(op: Any) -> str:
     Raises:
         ValueError: an op these algorithms do not implement (e.g. BAND, PREMUL_SUM).
     """
-    if isinstance(op, str):
-        name = op.lower()
-    else:
-        op_type = getattr(op, "op", op)  # dist.ReduceOp(...) wraps a RedOpType in .op
-        name = str(getattr(op_type, "name", op_type)).lower()
-    name = _ALIASES.get(name, name)
+    name = reduce_op_name(op)
     if name not in OPS:
         raise ValueError(f"unsupported reduction op {op!r}; use one of {', '.join(OPS)}")
     return name
