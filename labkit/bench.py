@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_results import GB, BenchResult, check_sizes, default_device
+from labkit.costmodel.network import least_squares_alpha_beta
 from labkit.launcher import launch
 from labkit.trace import sync_device
 
@@ -229,15 +230,8 @@ def alpha_beta_fit(
         raise ValueError("alpha_beta_fit needs results for at least two different sizes")
     if any(t <= 0 for t in ts):
         raise ValueError("alpha_beta_fit needs positive times")
-    # Weighted least squares for t = a + b n (normal equations in closed form).
-    ws = [1 / t**2 if relative else 1.0 for t in ts]
-    sw = sum(ws)
-    mx = sum(w * n for w, n in zip(ws, ns, strict=True)) / sw
-    my = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
-    sxx = sum(w * (n - mx) ** 2 for w, n in zip(ws, ns, strict=True))
-    sxy = sum(w * (n - mx) * (t - my) for w, n, t in zip(ws, ns, ts, strict=True))
-    beta = sxy / sxx
-    return AlphaBeta(alpha=my - beta * mx, beta=beta)
+    alpha, beta = least_squares_alpha_beta(ns, ts, relative)
+    return AlphaBeta(alpha=alpha, beta=beta)
 
 
 def format_table(results: Sequence[BenchResult]) -> str:
