@@ -38,6 +38,16 @@ class Explorer:
             self._redraw()
         return self._ui
 
+    def widget(self) -> Any:
+        """``ui`` with this explorer attached as its ``explorer`` attribute.
+
+        Returns:
+            The ipywidgets container, as the ``*_explorer`` functions return it.
+        """
+        box = self.ui
+        box.explorer = self
+        return box
+
     def _controls(self, widgets: Any) -> list[Any]:
         raise NotImplementedError
 

@@ -192,7 +192,4 @@ def cost_explorer(
     Raises:
         ValueError: as ``CostExplorer``.
     """
-    explorer = CostExplorer(network, world_size, n_bytes, algorithm, collective, measured)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return CostExplorer(network, world_size, n_bytes, algorithm, collective, measured).widget()

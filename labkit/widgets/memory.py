@@ -120,7 +120,4 @@ def zero_memory_explorer(
     Raises:
         ValueError: as ``lk.memory.zero_memory``.
     """
-    explorer = ZeroMemoryExplorer(n_params, dp_degree, stage, device_gb=device_gb)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return ZeroMemoryExplorer(n_params, dp_degree, stage, device_gb=device_gb).widget()

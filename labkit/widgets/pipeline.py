@@ -149,7 +149,4 @@ def pipeline_explorer(
     Raises:
         ValueError: as ``PipelineExplorer``.
     """
-    explorer = PipelineExplorer(n_stages, n_microbatches, schedule, n_virtual)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return PipelineExplorer(n_stages, n_microbatches, schedule, n_virtual).widget()

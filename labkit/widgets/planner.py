@@ -156,7 +156,4 @@ def planner_explorer(
     Raises:
         PlanError: as ``plan``.
     """
-    explorer = PlannerExplorer(model, devices, network, mixed_precision)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return PlannerExplorer(model, devices, network, mixed_precision).widget()

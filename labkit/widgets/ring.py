@@ -130,7 +130,4 @@ def ring_stepper(world_size: int = 4, n_elements: int = 8, seed: int = 0) -> Any
     Raises:
         ValueError: as ``RingStepper``.
     """
-    explorer = RingStepper(world_size, n_elements, seed)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return RingStepper(world_size, n_elements, seed).widget()
