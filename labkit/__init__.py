@@ -1,5 +1,8 @@
 """labkit: the lab kit of a hands-on course on distributed training with PyTorch.
 
+Introduced in notebooks/00_setup_and_launcher.ipynb (every notebook starts with
+``import labkit as lk``); ``%load_ext labkit`` in tests/notebooks/ranks_magic.ipynb.
+
 ``import labkit as lk`` stays light (no torch, matplotlib or papermill until a function
 needs them), because every rank imports it too.
 """
@@ -113,8 +116,6 @@ def __getattr__(name: str):
 
 def load_ipython_extension(ip) -> None:
     """``%load_ext labkit``: register the ``%ranks`` / ``%%ranks`` magics (see docs/ranks.md).
-
-    Introduced in tests/notebooks/ranks_magic.ipynb.
 
     Args:
         ip: the running IPython shell.

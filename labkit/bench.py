@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_results import GB, BenchResult, check_sizes, default_device
+from labkit.costmodel.network import least_squares_alpha_beta
 from labkit.launcher import launch
 from labkit.trace import sync_device
 
@@ -47,8 +48,6 @@ __all__ = [
 
 def message_sizes(smallest: int = 1, largest: int = 1 << 24, factor: int = 4) -> list[int]:
     """Message sizes in bytes from ``smallest`` to ``largest``, each ``factor`` times the last.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         smallest: first size in bytes (at least 1).
@@ -91,8 +90,6 @@ def p2p_pingpong(
 
     Call it on every rank of the group (e.g. inside ``lk.launch``); ranks other than ``src``
     and ``dst`` return at once.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         sizes_bytes: message sizes in bytes (sorted and deduplicated; see ``message_sizes``).
@@ -214,8 +211,6 @@ def alpha_beta_fit(
     busy processes the medians carry their scheduling delays (multiples of a time slice,
     ~1-4 ms), which swamp a ~100 µs α; the minimum over many iterations does not.
 
-    Introduced in notebooks/01_point_to_point.ipynb.
-
     Args:
         results: rows with ``n_bytes`` and ``time_s`` (at least two distinct sizes).
         relative: minimise relative rather than absolute residuals.
@@ -235,21 +230,12 @@ def alpha_beta_fit(
         raise ValueError("alpha_beta_fit needs results for at least two different sizes")
     if any(t <= 0 for t in ts):
         raise ValueError("alpha_beta_fit needs positive times")
-    # Weighted least squares for t = a + b n (normal equations in closed form).
-    ws = [1 / t**2 if relative else 1.0 for t in ts]
-    sw = sum(ws)
-    mx = sum(w * n for w, n in zip(ws, ns, strict=True)) / sw
-    my = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
-    sxx = sum(w * (n - mx) ** 2 for w, n in zip(ws, ns, strict=True))
-    sxy = sum(w * (n - mx) * (t - my) for w, n, t in zip(ws, ns, ts, strict=True))
-    beta = sxy / sxx
-    return AlphaBeta(alpha=my - beta * mx, beta=beta)
+    alpha, beta = least_squares_alpha_beta(ns, ts, relative)
+    return AlphaBeta(alpha=alpha, beta=beta)
 
 
 def format_table(results: Sequence[BenchResult]) -> str:
     """The rows as a fixed-width text table (size, times, bandwidths), nccl-tests style.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         results: benchmark rows.
@@ -285,8 +271,6 @@ def launch_collective(
     timeout: float = 600.0,
 ) -> list[BenchResult]:
     """Launch ``world_size`` ranks and benchmark ``name`` there (``labkit bench`` runs this).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         name: a collective of ``COLLECTIVES``, or ``"p2p"`` (ping-pong between ranks 0 and 1).

@@ -40,8 +40,6 @@ _CHUNKED = ("all_gather", "reduce_scatter", "all_to_all")  # n splits into p equ
 def collective_sizes(fast: bool = False) -> list[int]:
     """Default sizes in bytes: 8 B to 32 MB by factors of 4 (four sizes when ``fast``).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         fast: a few sizes only (8 B, 1 KB, 128 KB, 1 MB), for a 2-core laptop.
 
@@ -104,8 +102,6 @@ def collective(
     and the row records the bytes actually moved.
 
     Call it on every rank (e.g. inside ``lk.launch``); ranks outside ``group`` return ``[]``.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         name: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``, ``"broadcast"`` or

@@ -308,8 +308,6 @@ def _version(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``labkit`` console script.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Args:
         argv: the arguments after ``labkit`` (None: ``sys.argv[1:]``).
 

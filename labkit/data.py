@@ -1,12 +1,13 @@
 """Datasets that need no download: scikit-learn's digits, synthetic data, a character corpus.
 
-Introduced in notebooks/06_data_parallel.ipynb.
+Introduced in notebooks/06_data_parallel.ipynb (digits), notebooks/08_sync_vs_async.ipynb
+(synthetic regression) and notebooks/17_capstone.ipynb (the character corpus).
 
 scikit-learn ships the UCI optical-recognition digits (1,797 images of 8×8 pixels, 16 grey
 levels, 10 classes) inside the package, so the course trains on real data offline. Synthetic
 regression data comes with its true weights, for lessons that need a known answer. The
-character corpus (notebooks/17_capstone.ipynb) is real English text read from files installed
-with scikit-learn: the descriptions of its datasets (``sklearn/datasets/descr/*.rst``).
+character corpus is real English text read from files installed with scikit-learn: the
+descriptions of its datasets (``sklearn/datasets/descr/*.rst``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ def digits(
     split: str = "train", test_fraction: float = 0.2, images: bool = False, seed: int = 0
 ) -> TensorDataset:
     """scikit-learn's 8×8 handwritten digits as a ``TensorDataset`` of (x, label).
-
-    Introduced in notebooks/06_data_parallel.ipynb.
 
     Pixels are scaled from 0..16 to 0..1 (float32); labels are int64. The train/test split is a
     fixed permutation from ``seed``, the same on every rank and every run.
@@ -81,8 +80,6 @@ def synthetic_regression(
 ) -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
     """Linear-regression data y = x·Wᵀ + b + noise, with the true W and b.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         n_samples: number of rows.
         in_features: width of x.
@@ -118,8 +115,6 @@ def shard_loader(
     shuffle: bool = True,
 ) -> DataLoader:
     """A DataLoader over this rank's shard of ``dataset`` (a ``DistributedSampler``).
-
-    Introduced in notebooks/06_data_parallel.ipynb.
 
     The sampler gives rank r of p the indices r, r+p, r+2p, … of a (seeded) permutation. When
     p does not divide the dataset size it pads by repeating the first indices
@@ -160,8 +155,6 @@ def shard_loader(
 def corpus_files() -> list[Path]:
     """The text files ``char_corpus`` reads: scikit-learn's dataset descriptions, sorted by name.
 
-    Introduced in notebooks/17_capstone.ipynb.
-
     Returns:
         Paths of ``sklearn/datasets/descr/*.rst`` in the installed scikit-learn.
 
@@ -180,9 +173,8 @@ def corpus_files() -> list[Path]:
 class CharCorpus:
     """A text as character ids, split into a training head and a validation tail.
 
-    Introduced in notebooks/17_capstone.ipynb. The vocabulary is every distinct character of
-    the text in sorted order (nanoGPT's ``shakespeare_char`` preparation): id ``i`` is
-    ``chars[i]``.
+    The vocabulary is every distinct character of the text in sorted order (nanoGPT's
+    ``shakespeare_char`` preparation): id ``i`` is ``chars[i]``.
 
     Attributes:
         text: the whole text.
@@ -254,8 +246,6 @@ def char_corpus(
     val_fraction: float = 0.1, files: list[Path] | list[str] | None = None
 ) -> CharCorpus:
     """Real English text from files on disk, as a character-level corpus: no download.
-
-    Introduced in notebooks/17_capstone.ipynb.
 
     Args:
         val_fraction: share of the text, at its end, kept for validation.

@@ -53,7 +53,6 @@ DECAYS = ("step", "linear", "cosine")
 def scaled_lr(base_lr: float, global_batch: int, base_batch: int, rule: str = "linear") -> float:
     """The learning rate for ``global_batch`` by the linear (SGD) or square-root (Adam) rule.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
     Goyal et al. 2017, §2.1: lr = base_lr · k; Malladi et al. 2022 (Adam): lr = base_lr · √k,
     with k = global_batch / base_batch.
 
@@ -89,7 +88,6 @@ def sqrt_scaled_adam(
 ) -> dict[str, float | tuple[float, float]]:
     """Adam's hyperparameters for ``global_batch`` by the square-root scaling rule.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
     Malladi et al. 2022, the square-root scaling rule for Adam: with κ = global_batch /
     base_batch, lr × √κ, β₁ → 1 − κ(1 − β₁), β₂ → 1 − κ(1 − β₂), ε → ε / √κ.
 
@@ -129,7 +127,6 @@ def lr_factor(
 ) -> float:
     """The multiplier of the base learning rate at optimizer step ``step`` (0-based).
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
     Goyal et al. 2017, §2.2 (gradual warmup); step decay at milestones as in their §5.1;
     cosine decay as SGDR (Loshchilov & Hutter 2017, eq. 5) without restarts.
 
@@ -193,8 +190,6 @@ def linear_scaling_warmup(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A scheduler: the scaled rate reached by gradual warmup (Goyal et al. 2017), then decay.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Build the optimizer with the learning rate tuned for ``base_batch``; after creating this
     scheduler, its rate is that base rate (step 0) and it reaches base · k (``rule="linear"``)
     or base · √k (``rule="sqrt"``), k = global_batch / base_batch, after ``warmup_steps`` calls
@@ -242,8 +237,6 @@ def torch_warmup_decay(
     final_fraction: float = 0.0,
 ) -> torch.optim.lr_scheduler.LRScheduler:
     """The same warmup and decay from PyTorch's own schedulers, to check ``lr_factor`` against.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     PyTorch's ``LinearLR`` factors lie in (0, 1], so here the optimizer is built with the
     *peak* rate (base · ``scale``): ``LinearLR(start_factor=1/scale)`` for the warmup, then

@@ -14,10 +14,7 @@ __all__ = ["DeviceSpec", "ModelSpec", "PlanError"]
 
 
 class PlanError(ValueError):
-    """Inputs the planner cannot work with (no devices, a size ≤ 0, an unknown ZeRO stage).
-
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
-    """
+    """Inputs the planner cannot work with (no devices, a size ≤ 0, an unknown ZeRO stage)."""
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -36,8 +33,6 @@ def _positive(name: str, value: Any) -> float:
 @dataclass(frozen=True)
 class ModelSpec:
     """What the planner needs to know about a transformer-like model and its batch.
-
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
 
     Args:
         n_params: Ψ, the number of parameters.
@@ -81,8 +76,6 @@ class ModelSpec:
     ) -> ModelSpec:
         """The spec of a real ``nn.Module``: Ψ counted from ``module.parameters()``.
 
-        Introduced in notebooks/14_hybrid_parallel.ipynb.
-
         Args:
             module: the model (anything with ``parameters()``).
             n_layers: L.
@@ -116,8 +109,6 @@ class ModelSpec:
 @dataclass(frozen=True)
 class DeviceSpec:
     """The devices: how many, memory and sustained FLOP/s of each.
-
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
 
     Args:
         count: devices (dp·pp·tp must equal it).

@@ -46,8 +46,6 @@ __all__ = ["DeviceSpec", "ModelSpec", "Plan", "PlanError", "plan"]
 class Plan:
     """One configuration and what the model predicts for it.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
-
     Attributes:
         dp, pp, tp: the parallel degrees (dp·pp·tp = the device count).
         zero_stage: ZeRO stage over the dp axis (0: plain data parallelism).
@@ -157,9 +155,9 @@ def plan(
 ) -> list[Plan]:
     """Every (dp, pp, tp, ZeRO stage, micro-batches) for ``devices.count`` devices, best first.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb. The model of memory and time is this
-    module's docstring. Micro-batch counts tried: the divisors m of B/dp (at most
-    ``max_microbatches``); a dp that does not divide B gives one infeasible row with m = 1.
+    The model of memory and time is this module's docstring. Micro-batch counts tried: the divisors
+    m of B/dp (at most ``max_microbatches``); a dp that does not divide B gives one infeasible row
+    with m = 1.
 
     Args:
         model: the ``ModelSpec``.

@@ -50,8 +50,6 @@ DTYPES: dict[str, torch.dtype | None] = {
 def unsupported_reason(precision: str, device: torch.device | str) -> str | None:
     """Why ``precision`` cannot train on ``device`` here, or None when it can.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
         device: where the model lives (``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...).
@@ -81,8 +79,6 @@ def _check(precision: str, device: torch.device | str) -> None:
 def autocast(precision: str, device: torch.device | str) -> torch.autocast:
     """The ``torch.autocast`` context for ``precision`` on ``device`` (disabled for fp32).
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
         device: the model's device.
@@ -103,8 +99,6 @@ def make_scaler(
     precision: str, device: torch.device | str, **kwargs: Any
 ) -> torch.amp.GradScaler | None:
     """A ``torch.amp.GradScaler`` for fp16 on the model's device type; None for fp32 and bf16.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
@@ -133,7 +127,6 @@ def next_loss_scale(
 ) -> tuple[float, int]:
     """The dynamic loss-scale rule, written out: the scale and clean-step count after a step.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
     Micikevicius et al. 2018, §3.2 (dynamic loss scaling), with the defaults and the update of
     ``torch.amp.GradScaler.update`` (``torch._amp_update_scale_``): an inf/NaN gradient
     multiplies the scale by ``backoff_factor`` (the step is skipped) and restarts the count;
@@ -169,7 +162,6 @@ def mixed_precision_step(
 ) -> float:
     """One training step with the forward under autocast and, for fp16, loss scaling.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
     Micikevicius et al. 2018, §3: fp32 master weights, 16-bit forward/backward, loss scaling.
 
     The forward runs under ``autocast(precision, x.device)``; the loss is computed in fp32 from
@@ -219,8 +211,6 @@ def mixed_precision_step(
 def evaluate(model: nn.Module, data: TensorDataset, precision: str = "fp32") -> float:
     """Classification accuracy of ``model`` on ``data``, forward under ``precision``.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         model: a classifier returning logits (B, classes).
         data: ``TensorDataset(x, labels)``.
@@ -247,8 +237,6 @@ def train_classifier(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Train with SGD (momentum 0.9) in ``precision``; the same data order for every precision.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         model: a classifier, already on its device (e.g. ``lk.models.MLP(seed=0)``).

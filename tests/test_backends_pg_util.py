@@ -30,9 +30,17 @@ def test_reduce_op_name_reads_every_form(op, name):
     assert pgu.reduce_op_name(opts.reduceOp.op) == name  # the RedOpType inside it
 
 
-def test_premul_sum_is_refused_naming_the_supported_ops():
-    with pytest.raises(ValueError, match="supported are SUM, AVG, PRODUCT, MIN, MAX, BAND"):
-        pgu.reduce_op_name(dist._make_nccl_premul_sum(0.5))
+def test_premul_sum_is_named_and_refused_naming_the_supported_ops():
+    name = pgu.reduce_op_name(dist._make_nccl_premul_sum(0.5))
+    assert name == "premul_sum"
+    error = pgu.reduction_error(name, torch.float32)
+    assert (
+        "unsupported reduce op PREMUL_SUM: supported are SUM, AVG, PRODUCT, MIN, MAX, BAND" in error
+    )
+
+
+def test_reduce_op_names_may_be_strings():
+    assert pgu.reduce_op_name("PROD") == "product" and pgu.reduce_op_name("mean") == "avg"
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,17 @@ Introduced in notebooks/04_custom_backend.ipynb.
   (not a ``ProcessGroup``) is registered on a plain ``ProcessGroup`` the same way.
 
 The inner group sees the store under the prefix ``inner/``, apart from anything the wrapper
-keeps in it.
+keeps in it. The wrapping backends (``recording``, ``simnet``, ``simlink``) also share how they
+are made: ``inner_group`` in their creator, ``wrapper_spec`` for ``spec()``, ``register_wrapper``
+for the name they register on import.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -43,6 +47,80 @@ def inner_devices(inner: str | BackendSpec) -> tuple[str, ...]:
     if isinstance(inner, BackendSpec):
         return tuple(inner.devices)
     return ("cuda",) if inner_name(inner) == "nccl" else ("cpu",)
+
+
+def check_inner(inner: object) -> None:
+    """Raise unless ``inner`` can name an inner backend.
+
+    Args:
+        inner: what a wrapping backend's ``spec`` was given.
+
+    Raises:
+        ValueError: ``inner`` is neither a backend name nor an ``lk.BackendSpec``.
+    """
+    if not isinstance(inner, str | BackendSpec):
+        raise ValueError(f"inner must be a backend name or an lk.BackendSpec, got {inner!r}")
+
+
+def wrapper_spec(
+    backend_name: str, inner: str | BackendSpec, creator: Callable, **options
+) -> BackendSpec:
+    """The spec of a wrapping backend over ``inner``, named ``<backend_name>_<inner>``.
+
+    Args:
+        backend_name: the wrapping backend's name (``"labkit_record"``, ...).
+        inner: the backend it wraps.
+        creator: its extended-API creator; called as ``creator(opts, backend_options,
+            inner=inner, **options)``.
+        **options: further keyword arguments of ``creator``.
+
+    Returns:
+        lk.BackendSpec: for ``lk.launch(fn, backend=...)``, serving ``inner``'s devices.
+
+    Raises:
+        ValueError: ``inner`` is neither a backend name nor an ``lk.BackendSpec``.
+    """
+    check_inner(inner)
+    return BackendSpec(
+        f"{backend_name}_{inner_name(inner)}",
+        creator=functools.partial(creator, inner=inner, **options),
+        extended_api=True,
+        devices=inner_devices(inner),
+    )
+
+
+def register_wrapper(backend_name: str, creator: Callable, inner_env: str) -> None:
+    """Register a wrapping backend by name, over the inner backend ``$inner_env`` (gloo).
+
+    Args:
+        backend_name: the name to register (a no-op when it already is).
+        creator: its extended-API creator, reading ``inner_env`` when given no inner.
+        inner_env: the environment variable naming the inner backend.
+    """
+    if backend_name not in dist.Backend.backend_list:
+        devices = inner_devices(os.environ.get(inner_env, "gloo"))
+        dist.Backend.register_backend(
+            backend_name, creator, extended_api=True, devices=list(devices)
+        )
+
+
+def inner_group(
+    inner: str | BackendSpec, opts: C._DistributedBackendOptions
+) -> tuple[dist.ProcessGroup, list[int]]:
+    """The inner group for a wrapping backend's creator, and the group's global ranks.
+
+    Args:
+        inner: the backend to wrap (as ``create_inner`` takes it).
+        opts: the options torch passes an extended-API creator.
+
+    Returns:
+        The inner ``ProcessGroup`` and the global rank of each group rank.
+    """
+    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    pg = create_inner(
+        inner, opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id
+    )
+    return pg, ranks
 
 
 def _on_group(backend, kind, devices: Sequence[str], store, rank: int, size: int):
@@ -82,8 +160,6 @@ def create_inner(
     group_name: str = "",
 ) -> dist.ProcessGroup:
     """Create the process group of backend ``inner`` for one group, as torch would.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         inner: ``"gloo"``, ``"nccl"``, a labkit backend name (``"labkit_shm"``, ...), the name

@@ -58,12 +58,6 @@ def dtype_name(tensors: Sequence[torch.Tensor]) -> str:
     return str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
 
 
-def reduce_op_name(opts) -> str:
-    """``"SUM"``, ``"AVG"``...: ``opts.reduceOp`` is a ``ReduceOp`` whose ``.op`` has the name."""
-    op = opts.reduceOp
-    return getattr(getattr(op, "op", op), "name", str(op))
-
-
 class WrappedWork(dist.Work):
     """A Work that answers every query from the inner Work it wraps.
 
@@ -129,8 +123,6 @@ class _NotifyingWork(WrappedWork):
 
 def when_complete(work: dist.Work, done: Callable[[], None]) -> dist.Work:
     """Arrange for ``done()`` to run once when ``work`` completes; return the Work to hand out.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         work: the inner group's Work.

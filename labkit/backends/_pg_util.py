@@ -31,6 +31,7 @@ REDUCE_OPS: dict[object, str] = {
     _R.BXOR: "bxor",
 }
 BITWISE_OPS = ("band", "bor", "bxor")
+_ALIASES = {"prod": "product", "mean": "avg"}
 # The dtypes a reduction accepts: every float and integer type gloo and torch's CPU kernels
 # reduce, plus int16 (which gloo lacks).
 REDUCE_DTYPES: tuple[torch.dtype, ...] = (
@@ -58,32 +59,31 @@ def describe(t: torch.Tensor) -> str:
 
 
 def reduce_op_name(op) -> str:
-    """The name of a reduction given as ``opts.reduceOp``, a ``ReduceOp`` or a ``RedOpType``.
+    """The lower-case name of a reduction op, however it is given.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
+    The one place where a reduction op becomes a name: labkit's backends, the wrapping
+    backends' records and ``lk.collectives`` read it here, and each checks what it supports
+    (``reduction_error``, ``lk.collectives.op_name``).
 
     Args:
-        op: ``opts.reduceOp`` (a ``ReduceOp`` object), ``dist.ReduceOp.SUM`` or a ``RedOpType``.
+        op: ``opts.reduceOp`` (a ``ReduceOp`` object), ``dist.ReduceOp.SUM`` (a
+            ``RedOpType``), or a name such as ``"sum"`` or ``"PROD"`` (``prod`` and ``mean``
+            are read as ``product`` and ``avg``).
 
     Returns:
-        ``"sum"``, ``"avg"``, ``"product"``, ``"min"``, ``"max"``, ``"band"``, ``"bor"`` or
-        ``"bxor"``.
-
-    Raises:
-        ValueError: for ``PREMUL_SUM`` (NCCL only) or anything else, naming what is supported.
+        ``"sum"``, ``"avg"``, ``"product"``, ``"min"``, ``"max"``, ``"band"``, ``"bor"``,
+        ``"bxor"``, ``"premul_sum"`` (NCCL only), or the lower-cased name given.
     """
-    kind = getattr(op, "op", op)  # a ReduceOp object wraps its RedOpType in .op
-    name = REDUCE_OPS.get(kind)
-    if name is None:
-        supported = ", ".join(n.upper() for n in REDUCE_OPS.values())
-        raise ValueError(f"unsupported reduce op {kind}: supported are {supported}")
-    return name
+    if isinstance(op, str):
+        name = op.lower()
+    else:
+        kind = getattr(op, "op", op)  # a ReduceOp object wraps its RedOpType in .op
+        name = str(getattr(kind, "name", kind)).lower()
+    return _ALIASES.get(name, name)
 
 
 def reduction_error(op: str, dtype: torch.dtype, dtypes=REDUCE_DTYPES) -> str | None:
     """Why ``op`` cannot reduce tensors of ``dtype`` (None when it can).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         op: a name from ``reduce_op_name``.
@@ -93,6 +93,9 @@ def reduction_error(op: str, dtype: torch.dtype, dtypes=REDUCE_DTYPES) -> str | 
     Returns:
         An error text that names what is supported, or None.
     """
+    if op not in REDUCE_OPS.values():  # e.g. PREMUL_SUM, which only NCCL has
+        supported = ", ".join(n.upper() for n in REDUCE_OPS.values())
+        return f"unsupported reduce op {op.upper()}: supported are {supported}"
     if dtype not in dtypes:
         names = ", ".join(dtype_name(d) for d in dtypes)
         return f"cannot reduce {dtype_name(dtype)} tensors: supported dtypes are {names}"
@@ -117,8 +120,6 @@ _BINARY = {
 
 def reduce_rows(rows, op: str, out: torch.Tensor) -> torch.Tensor:
     """Reduce the rows of ``rows`` element-wise into ``out`` (shape [m]).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     A chain of binary ops in row order, ``out = ((row0 op row1) op row2) ...``, as gloo
     reduces: every rank that reduces the same rows gets bit-identical results (which keeps
@@ -155,8 +156,6 @@ def reduce_rows(rows, op: str, out: torch.Tensor) -> torch.Tensor:
 def reduce_into_row(rows: torch.Tensor, keep: int, op: str) -> torch.Tensor:
     """Reduce every row of ``rows`` ([n, m]) into row ``keep``, in place.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     The order is row ``keep`` first, then the others in row order. Used where each piece of
     a result is reduced by exactly one rank, so every rank still sees the same values.
 
@@ -184,8 +183,6 @@ def reduce_into_row(rows: torch.Tensor, keep: int, op: str) -> torch.Tensor:
 def completed_work(result) -> dist.Work:
     """A finished ``Work`` whose future holds ``result`` (usually the output tensors).
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         result: what ``work.get_future().value()`` returns; DDP expects a list of tensors.
 
@@ -199,8 +196,6 @@ def completed_work(result) -> dist.Work:
 
 class FutureWork(dist.Work):
     """A ``Work`` that finishes when its future does; ``complete`` and ``fail`` end it.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     For operations that finish on another thread (send/recv). It also answers
     ``_source_rank()``, which ``dist.recv(src=None)`` asks of the work after waiting.
@@ -259,8 +254,6 @@ class FutureWork(dist.Work):
 
 class PythonProcessGroup(dist.ProcessGroup):
     """Base for process groups written in Python: naming and the aliases torch calls.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     ``init_device_mesh`` reads ``group.group_name``; for a Python group the C++ getter looks
     for a registered backend and raises "ProcessGroup name not set", so the name torch assigns

@@ -36,14 +36,13 @@ from datetime import timedelta
 import torch._C._distributed_c10d as C
 import torch.distributed as dist
 
-from labkit.backends._opcall import OpCall, dtype_name, flat, nbytes, reduce_op_name
+from labkit.backends._opcall import OpCall, dtype_name, flat, nbytes
+from labkit.backends._pg_util import reduce_op_name
 from labkit.trace.spans import clock_ns
 
 
 class WrapperProcessGroup(dist.ProcessGroup):
     """Delegate every operation to ``inner``, calling ``before_op`` / ``after_op`` around it.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         inner: the process group that does the work.
@@ -122,14 +121,13 @@ class WrapperProcessGroup(dist.ProcessGroup):
     # -- collectives (argument names are torch's) ---------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or C.AllreduceOptions()
-        call = self._call(
-            "all_reduce", "allreduce", tensors, tensors, reduce_op=reduce_op_name(opts)
-        )
+        red = reduce_op_name(opts.reduceOp).upper()
+        call = self._call("all_reduce", "allreduce", tensors, tensors, reduce_op=red)
         return self._run(call, self.inner.allreduce, tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or C.AllreduceCoalescedOptions()
-        red = reduce_op_name(opts)
+        red = reduce_op_name(opts.reduceOp).upper()
         call = self._call(
             "all_reduce_coalesced", "allreduce_coalesced", tensors, tensors, reduce_op=red
         )
@@ -144,7 +142,7 @@ class WrapperProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or C.ReduceOptions()
-        root, red = self._global(opts.rootRank), reduce_op_name(opts)
+        root, red = self._global(opts.rootRank), reduce_op_name(opts.reduceOp).upper()
         call = self._call("reduce", "reduce", tensors, tensors, root=root, reduce_op=red)
         return self._run(call, self.inner.reduce, tensors, opts)
 
@@ -175,7 +173,7 @@ class WrapperProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or C.ReduceScatterOptions()
-        size, red = nbytes(flat(input_tensors)), reduce_op_name(opts)
+        size, red = nbytes(flat(input_tensors)), reduce_op_name(opts.reduceOp).upper()
         call = self._call(
             "reduce_scatter", "reduce_scatter", input_tensors, output_tensors, size, reduce_op=red
         )
@@ -183,7 +181,7 @@ class WrapperProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         opts = opts or C.ReduceScatterOptions()
-        size, red = nbytes([input]), reduce_op_name(opts)
+        size, red = nbytes([input]), reduce_op_name(opts.reduceOp).upper()
         op = "reduce_scatter_tensor"
         call = self._call(op, "reduce_scatter_single", input, output, size, reduce_op=red)
         return self._run(call, self.inner.reduce_scatter_single, output, input, opts)
@@ -192,7 +190,7 @@ class WrapperProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or C.ReduceScatterOptions()
-        size, red = nbytes(flat(inputs)), reduce_op_name(opts)
+        size, red = nbytes(flat(inputs)), reduce_op_name(opts.reduceOp).upper()
         op, method = "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"
         call = self._call(op, method, inputs, outputs, size, reduce_op=red)
         return self._run(call, self.inner.reduce_scatter_single_coalesced, outputs, inputs, opts)

@@ -46,8 +46,6 @@ _NO_COMPILER_SIGNS = ("command not found", ": not found", "No such file or direc
 def find_compiler() -> str | None:
     """The C++ compiler cpp_extension will run: ``$CXX`` if set, else c++, g++ or clang++.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Returns:
         The compiler's full path, or None when there is none on PATH.
     """
@@ -85,8 +83,6 @@ def _ninja_dir() -> str | None:
 
 def available() -> tuple[bool, str]:
     """Whether ``labkit_cpp`` can be built here, without building it or raising.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Returns:
         ``(True, "compiler /usr/bin/c++, ninja in /usr/bin")`` when a C++ compiler and ninja
@@ -192,8 +188,6 @@ def load_locked(
     in torch's default extensions directory (``$TORCH_EXTENSIONS_DIR`` if set) and rebuilds
     only when a source or a flag changed, under an exclusive lock on
     ``<build dir>/labkit_build.lock``.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         name: the extension's module name (also its build directory's name).

@@ -19,16 +19,15 @@ are wrapped, and their end is when the caller's ``wait()`` returned.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import torch.distributed as dist
 
-from labkit.backends._inner import create_inner, inner_devices, inner_name
+from labkit.backends._inner import inner_group, register_wrapper, wrapper_spec
 from labkit.backends._opcall import OpCall, when_complete
 from labkit.backends._wrapper import WrapperProcessGroup
 from labkit.launcher import BackendSpec
@@ -85,8 +84,6 @@ SETTLE_S = 0.2  # records() waits at most this long for callbacks of completed o
 class RecordingProcessGroup(WrapperProcessGroup):
     """A ``WrapperProcessGroup`` whose ``after_op`` appends an ``OpRecord`` per operation.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         inner: the process group that does the work.
         global_ranks: global rank of each rank of the group.
@@ -128,17 +125,12 @@ class RecordingProcessGroup(WrapperProcessGroup):
 def _create(opts, backend_options=None, inner: str | BackendSpec | None = None):
     """Creator for ``register_backend(..., extended_api=True)``: wrap a new inner group."""
     inner = inner if inner is not None else os.environ.get(INNER_ENV, "gloo")
-    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    pg = create_inner(
-        inner, opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id
-    )
+    pg, ranks = inner_group(inner, opts)
     return RecordingProcessGroup(pg, ranks)
 
 
 def spec(inner: str | BackendSpec = "gloo") -> BackendSpec:
     """A backend that records every operation and runs it on ``inner``.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         inner: ``"gloo"`` (default), ``"nccl"``, ``"labkit_shm"`` (or another labkit backend),
@@ -150,20 +142,11 @@ def spec(inner: str | BackendSpec = "gloo") -> BackendSpec:
     Raises:
         ValueError: ``inner`` is not a name or a BackendSpec.
     """
-    if not isinstance(inner, str | BackendSpec):
-        raise ValueError(f"inner must be a backend name or an lk.BackendSpec, got {inner!r}")
-    return BackendSpec(
-        f"{BACKEND_NAME}_{inner_name(inner)}",
-        creator=functools.partial(_create, inner=inner),
-        extended_api=True,
-        devices=inner_devices(inner),
-    )
+    return wrapper_spec(BACKEND_NAME, inner, _create)
 
 
 def records(group: dist.ProcessGroup | str | None = None) -> list[OpRecord]:
     """This rank's recorded operations, in the order they were issued (copies).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         group: only this group's operations (a group or its name); default: every recording
@@ -206,8 +189,6 @@ def _settle() -> None:
 def clear() -> None:
     """Forget this rank's records so far (e.g. after a warm-up step).
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Returns:
         None.
     """
@@ -217,8 +198,6 @@ def clear() -> None:
 
 def summarize(rows: Iterable[OpRecord]) -> dict[str, dict[str, float]]:
     """Count, bytes and time per op name: ``{"all_reduce": {"count": 2, "n_bytes": ..., ...}}``.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         rows: records, e.g. ``records()``.
@@ -236,11 +215,4 @@ def summarize(rows: Iterable[OpRecord]) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
-def _register(devices: Sequence[str]) -> None:
-    if BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(
-            BACKEND_NAME, _create, extended_api=True, devices=list(devices)
-        )
-
-
-_register(inner_devices(os.environ.get(INNER_ENV, "gloo")))
+register_wrapper(BACKEND_NAME, _create, INNER_ENV)

@@ -32,8 +32,6 @@ __all__ = ["BACKEND_NAME", "ShmProcessGroup", "create_process_group", "register"
 def create_process_group(store, rank: int, world_size: int, timeout: timedelta):
     """The creator torch calls for ``init_process_group(backend="labkit_shm")``.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         store: the group's store (a PrefixStore that c10d made for this group).
         rank: this process's rank in the group.
@@ -50,10 +48,7 @@ def create_process_group(store, rank: int, world_size: int, timeout: timedelta):
 
 
 def register() -> None:
-    """Register ``labkit_shm`` with torch.distributed (a no-op when it already is).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """Register ``labkit_shm`` with torch.distributed (a no-op when it already is)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
 

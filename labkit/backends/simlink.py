@@ -25,21 +25,19 @@ backend::
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Mapping
 
 import torch.distributed as dist
 
-from labkit.backends._inner import create_inner, inner_devices, inner_name
 from labkit.backends._opcall import OpCall
 from labkit.backends.simnet import (
     DEFAULT_NETWORK,
+    DelayedWork,
     SimulatedNetworkProcessGroup,
-    _DelayedWork,
-    network_from_env,
+    simulated_spec,
 )
-from labkit.costmodel import ALGORITHMS, Network
+from labkit.costmodel import Network
 from labkit.launcher import BackendSpec
 
 __all__ = ["BACKEND_NAME", "SerialLinkProcessGroup", "spec"]
@@ -49,8 +47,6 @@ BACKEND_NAME = "labkit_simlink"
 
 class SerialLinkProcessGroup(SimulatedNetworkProcessGroup):
     """A simulated network where each operation waits for the previous one to leave the link.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         inner: the process group that does the work.
@@ -76,23 +72,7 @@ class SerialLinkProcessGroup(SimulatedNetworkProcessGroup):
         with self._lock:  # DDP's hooks may issue from autograd threads
             start = max(call.start_ns / 1e9, self.link_free_s)
             self.link_free_s = deadline = start + predicted
-        return _DelayedWork(work, deadline)
-
-
-def _create(
-    opts,
-    backend_options=None,
-    network: Network | None = None,
-    inner: str | BackendSpec = "gloo",
-    algorithms: Mapping[str, str] | None = None,
-):
-    """Creator for ``register_backend(..., extended_api=True)``: wrap a new inner group."""
-    network = network if network is not None else network_from_env()
-    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    pg = create_inner(
-        inner, opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id
-    )
-    return SerialLinkProcessGroup(pg, network, algorithms, ranks)
+        return DelayedWork(work, deadline)
 
 
 def spec(
@@ -101,8 +81,6 @@ def spec(
     algorithms: Mapping[str, str] | None = None,
 ) -> BackendSpec:
     """A backend that runs on ``inner`` and queues every operation on one simulated link.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         network: an ``lk.Network`` or a preset name (``"10GbE"``, ...).
@@ -115,21 +93,4 @@ def spec(
     Raises:
         ValueError: an unknown preset, collective or algorithm, or a bad ``inner``.
     """
-    if isinstance(network, str):
-        network = network_from_env(network)
-    if not isinstance(network, Network):
-        raise ValueError(f"network must be an lk.Network or a preset name, got {network!r}")
-    if not isinstance(inner, str | BackendSpec):
-        raise ValueError(f"inner must be a backend name or an lk.BackendSpec, got {inner!r}")
-    for collective, algorithm in (algorithms or {}).items():
-        if algorithm not in ALGORITHMS.get(collective, {}):
-            raise ValueError(f"no algorithm {algorithm!r} for collective {collective!r}")
-    creator = functools.partial(
-        _create, network=network, inner=inner, algorithms=dict(algorithms or {})
-    )
-    return BackendSpec(
-        f"{BACKEND_NAME}_{inner_name(inner)}",
-        creator=creator,
-        extended_api=True,
-        devices=inner_devices(inner),
-    )
+    return simulated_spec(BACKEND_NAME, SerialLinkProcessGroup, network, inner, algorithms)

@@ -23,7 +23,6 @@ Importing this module registers ``"labkit_simnet"``; its network is the environm
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -33,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from labkit.backends._inner import create_inner, inner_devices, inner_name
+from labkit.backends._inner import check_inner, inner_group, register_wrapper, wrapper_spec
 from labkit.backends._opcall import OpCall, WrappedWork
 from labkit.backends._wrapper import WrapperProcessGroup
 from labkit.costmodel import ALGORITHMS, Network, predict
@@ -42,8 +41,12 @@ from labkit.launcher import BackendSpec
 __all__ = [
     "BACKEND_NAME",
     "COLLECTIVE_OF",
+    "DelayedWork",
     "SimulatedNetworkProcessGroup",
+    "check_algorithms",
+    "create_group",
     "network_from_env",
+    "simulated_spec",
     "spec",
 ]
 
@@ -75,7 +78,7 @@ COLLECTIVE_OF: dict[str, str] = {
 }
 
 
-class _DelayedWork(WrappedWork):
+class DelayedWork(WrappedWork):
     """The inner Work, completing no earlier than ``deadline`` (``time.perf_counter()``)."""
 
     def __init__(self, inner: dist.Work, deadline: float) -> None:
@@ -121,10 +124,28 @@ class _DelayedWork(WrappedWork):
             return self._future
 
 
+def check_algorithms(algorithms: Mapping[str, str] | None) -> dict[str, str]:
+    """``algorithms`` as a dict, once every algorithm is one the cost model has.
+
+    Args:
+        algorithms: collective → algorithm (e.g. ``{"all_reduce": "recursive_doubling"}``),
+            or None for none.
+
+    Returns:
+        A new dict of them.
+
+    Raises:
+        ValueError: an unknown collective or algorithm.
+    """
+    algorithms = dict(algorithms or {})
+    for collective, algorithm in algorithms.items():
+        if algorithm not in ALGORITHMS.get(collective, {}):
+            raise ValueError(f"no algorithm {algorithm!r} for collective {collective!r}")
+    return algorithms
+
+
 class SimulatedNetworkProcessGroup(WrapperProcessGroup):
     """Run each operation on ``inner``, then hold its completion until the model's time.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         inner: the process group that does the work.
@@ -148,10 +169,7 @@ class SimulatedNetworkProcessGroup(WrapperProcessGroup):
     ) -> None:
         super().__init__(inner, global_ranks)
         self.network = network
-        self.algorithms = dict(algorithms or {})
-        for collective, algorithm in self.algorithms.items():
-            if algorithm not in ALGORITHMS.get(collective, {}):
-                raise ValueError(f"no algorithm {algorithm!r} for collective {collective!r}")
+        self.algorithms = check_algorithms(algorithms)
 
     def predicted_s(self, call: OpCall) -> float:
         """The model's time for ``call`` on this group's network (0 for ops not modelled)."""
@@ -166,13 +184,11 @@ class SimulatedNetworkProcessGroup(WrapperProcessGroup):
         if predicted <= 0:
             return work
         # OpCall.start_ns is lk.trace.clock_ns(): time.perf_counter_ns(), the same clock.
-        return _DelayedWork(work, call.start_ns / 1e9 + predicted)
+        return DelayedWork(work, call.start_ns / 1e9 + predicted)
 
 
 def network_from_env(value: str | None = None) -> Network:
     """The simulated network named by ``LABKIT_SIMNET_NETWORK`` (or ``value``).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         value: a preset name (``"loopback"``, ``"10GbE"``, ``"100Gb-IB"``, ``"NVLink"``) or
@@ -200,21 +216,68 @@ def network_from_env(value: str | None = None) -> Network:
     return Network.preset(text)
 
 
-def _create(
+def create_group(
     opts,
     backend_options=None,
     network: Network | None = None,
     inner: str | BackendSpec | None = None,
     algorithms: Mapping[str, str] | None = None,
-):
-    """Creator for ``register_backend(..., extended_api=True)``: wrap a new inner group."""
+    group_class: type[SimulatedNetworkProcessGroup] = SimulatedNetworkProcessGroup,
+) -> SimulatedNetworkProcessGroup:
+    """Creator for ``register_backend(..., extended_api=True)``: wrap a new inner group.
+
+    Args:
+        opts: the options torch passes an extended-API creator.
+        backend_options: unused (torch passes its backend options).
+        network: the simulated network; None: ``network_from_env()``.
+        inner: the backend to wrap; None: ``$LABKIT_SIMNET_INNER`` (default gloo).
+        algorithms: collective → algorithm the delays assume.
+        group_class: the wrapper to build (``simlink`` passes its serial-link group).
+
+    Returns:
+        The ``group_class`` over a new inner group.
+    """
     network = network if network is not None else network_from_env()
     inner = inner if inner is not None else os.environ.get(INNER_ENV, "gloo")
-    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-    pg = create_inner(
-        inner, opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks, opts.group_id
+    pg, ranks = inner_group(inner, opts)
+    return group_class(pg, network, algorithms, ranks)
+
+
+def simulated_spec(
+    backend_name: str,
+    group_class: type[SimulatedNetworkProcessGroup],
+    network: Network | str,
+    inner: str | BackendSpec,
+    algorithms: Mapping[str, str] | None,
+) -> BackendSpec:
+    """The spec of a simulated-network backend: ``group_class`` over ``inner``.
+
+    Args:
+        backend_name: the backend's name; the spec is named ``<backend_name>_<inner>``.
+        group_class: ``SimulatedNetworkProcessGroup`` or a subclass.
+        network: an ``lk.Network`` or a preset name.
+        inner: a backend name or an ``lk.BackendSpec``.
+        algorithms: collective → algorithm the delays assume (None: the model's defaults).
+
+    Returns:
+        lk.BackendSpec: for ``lk.launch(fn, backend=...)``.
+
+    Raises:
+        ValueError: an unknown preset, collective or algorithm, or a bad ``inner``.
+    """
+    if isinstance(network, str):
+        network = network_from_env(network)
+    if not isinstance(network, Network):
+        raise ValueError(f"network must be an lk.Network or a preset name, got {network!r}")
+    check_inner(inner)
+    return wrapper_spec(
+        backend_name,
+        inner,
+        create_group,
+        network=network,
+        algorithms=check_algorithms(algorithms),
+        group_class=group_class,
     )
-    return SimulatedNetworkProcessGroup(pg, network, algorithms, ranks)
 
 
 def spec(
@@ -223,8 +286,6 @@ def spec(
     algorithms: Mapping[str, str] | None = None,
 ) -> BackendSpec:
     """A backend that runs on ``inner`` and takes as long as ``network`` would.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         network: an ``lk.Network`` (e.g. ``lk.costmodel.fit(...)``) or a preset name.
@@ -237,31 +298,7 @@ def spec(
     Raises:
         ValueError: an unknown preset, collective or algorithm, or a bad ``inner``.
     """
-    if isinstance(network, str):
-        network = network_from_env(network)
-    if not isinstance(network, Network):
-        raise ValueError(f"network must be an lk.Network or a preset name, got {network!r}")
-    if not isinstance(inner, str | BackendSpec):
-        raise ValueError(f"inner must be a backend name or an lk.BackendSpec, got {inner!r}")
-    for collective, algorithm in (algorithms or {}).items():
-        if algorithm not in ALGORITHMS.get(collective, {}):
-            raise ValueError(f"no algorithm {algorithm!r} for collective {collective!r}")
-    creator = functools.partial(
-        _create, network=network, inner=inner, algorithms=dict(algorithms or {})
-    )
-    return BackendSpec(
-        f"{BACKEND_NAME}_{inner_name(inner)}",
-        creator=creator,
-        extended_api=True,
-        devices=inner_devices(inner),
-    )
+    return simulated_spec(BACKEND_NAME, SimulatedNetworkProcessGroup, network, inner, algorithms)
 
 
-def _register(devices: Sequence[str]) -> None:
-    if BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(
-            BACKEND_NAME, _create, extended_api=True, devices=list(devices)
-        )
-
-
-_register(inner_devices(os.environ.get(INNER_ENV, "gloo")))
+register_wrapper(BACKEND_NAME, create_group, INNER_ENV)

@@ -42,8 +42,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, fault: str | None =
 
     Writes ``<path>.tmp``, fsyncs it, renames it over ``path`` and fsyncs the directory.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         path: the final file name.
         data: the bytes to write.
@@ -69,8 +67,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, fault: str | None =
 
 def atomic_torch_save(path: str | os.PathLike, obj: object, fault: str | None = None) -> Path:
     """``torch.save`` ``obj`` to ``path`` atomically (see ``atomic_write_bytes``).
-
-    Introduced in notebooks/15_fault_tolerance.ipynb.
 
     Args:
         path: the final file name.

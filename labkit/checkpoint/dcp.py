@@ -29,8 +29,6 @@ def save_sharded(
     Every rank of ``group`` calls it with its own shards; rank 0 writes ``COMPLETE`` after a
     barrier and prunes to the newest ``keep`` checkpoints.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         directory: the folder holding ``step_*`` checkpoints.
         state: a state dict of DTensors, tensors and plain data (e.g. from
@@ -66,8 +64,6 @@ def load_sharded(path: str | os.PathLike, state: dict, group: Any = None) -> dic
 
     ``state`` holds DTensors (or tensors) of the right global shapes laid out the way this
     run wants them; the saving run's world size does not matter.
-
-    Introduced in notebooks/15_fault_tolerance.ipynb.
 
     Args:
         path: a complete checkpoint folder written by ``save_sharded``.

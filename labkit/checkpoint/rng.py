@@ -17,8 +17,6 @@ from typing import Any
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states: torch (CPU and each CUDA device), numpy, Python ``random``.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Returns:
         ``{"torch": ByteTensor, "cuda": [ByteTensor, ...], "numpy": {...} | None,
         "python": tuple}``; numpy's state is stored as plain data (``kind``, ``keys``,
@@ -49,8 +47,6 @@ def capture_rng() -> dict[str, Any]:
 
 def restore_rng(state: dict[str, Any]) -> None:
     """Set this process's RNGs to a state from ``capture_rng``.
-
-    Introduced in notebooks/15_fault_tolerance.ipynb.
 
     Args:
         state: what ``capture_rng`` returned (possibly after a save/load round trip).

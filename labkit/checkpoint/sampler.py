@@ -22,8 +22,6 @@ class ResumableSampler:
     ``state_dict()`` = ``{"epoch": e, "batches_done": k}`` in its checkpoint. After
     ``load_state_dict`` the next iteration yields epoch ``e``'s indices from batch ``k`` on.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         sampler: e.g. ``DistributedSampler(ds, num_replicas, rank, shuffle=True, seed=s)``;
             must have ``set_epoch`` if it shuffles.

@@ -31,8 +31,6 @@ FORMAT = 1
 class TrainState:
     """Bundle model, optimizer, scheduler and sampler so one call saves or restores them all.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         model: the module (possibly wrapped in DDP).
         optimizer: its optimizer.

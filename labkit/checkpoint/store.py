@@ -74,8 +74,6 @@ def save(
     ``keep`` complete checkpoints (and incomplete ones older than the newest complete).
     Outside a process group it is a one-rank save.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         directory: the folder holding ``step_*`` checkpoints (created if missing).
         state: this rank's state: tensors and plain data (see ``TrainState.state_dict``).
@@ -130,8 +128,6 @@ def is_complete(path: str | os.PathLike) -> bool:
 def checkpoints(directory: str | os.PathLike, complete_only: bool = True) -> list[Path]:
     """Checkpoint folders in ``directory``, oldest step first.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         directory: the folder given to ``save``.
         complete_only: list only folders whose ``COMPLETE`` marker exists.
@@ -153,8 +149,6 @@ def checkpoints(directory: str | os.PathLike, complete_only: bool = True) -> lis
 def latest(directory: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint in ``directory``, or None; incomplete ones are ignored.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         directory: the folder given to ``save``.
 
@@ -175,8 +169,6 @@ def step_of(path: str | os.PathLike) -> int:
 
 def load(path: str | os.PathLike, rank: int | None = None, map_location: Any = "cpu") -> dict:
     """Load one rank's state from a complete checkpoint folder.
-
-    Introduced in notebooks/15_fault_tolerance.ipynb.
 
     Args:
         path: a checkpoint folder (e.g. from ``latest``).
@@ -210,8 +202,6 @@ def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
 
     An incomplete folder older than the newest complete checkpoint is debris of a killed
     save; a newer incomplete one may still be in progress and is left alone.
-
-    Introduced in notebooks/15_fault_tolerance.ipynb.
 
     Args:
         directory: the folder given to ``save``.

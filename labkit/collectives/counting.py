@@ -39,10 +39,7 @@ class Message:
 
 @dataclass
 class CommStats:
-    """The messages one rank sent and received inside a ``count_messages()`` block.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-    """
+    """The messages one rank sent and received inside a ``count_messages()`` block."""
 
     rank: int = -1  # group rank of the P2P that recorded first; -1 until a message is seen
     world_size: int = 0
@@ -87,8 +84,6 @@ def count_messages() -> Iterator[CommStats]:
 
     Blocks nest: an outer block also sees the messages of an inner one.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Returns:
         A context manager yielding the ``CommStats`` that fills up while the block runs.
 
@@ -115,8 +110,6 @@ class P2P:
     Peers are group ranks (``group_dst`` / ``group_src`` in ``torch.distributed``), so the
     algorithms built on it work on any subgroup. ``at(phase, step)`` labels the messages that
     follow, which the counts and the message diagrams of ``lk.viz`` use.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         group: the process group (default: the default group).

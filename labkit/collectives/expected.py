@@ -43,8 +43,6 @@ _ALGORITHMS = ("naive", "tree", "ring", "recursive_doubling", "rabenseifner")
 def chunk_sizes(numel: int, world_size: int) -> list[int]:
     """Sizes of the ``world_size`` chunks of a tensor of ``numel`` elements (ring algorithm).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         numel: number of elements (may be 0 or smaller than ``world_size``).
         world_size: number of chunks.
@@ -64,8 +62,6 @@ def chunk_sizes(numel: int, world_size: int) -> list[int]:
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each chunk from ``chunk_sizes``: chunk i is ``flat[start:stop]``.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         numel: number of elements.
@@ -90,8 +86,6 @@ def tree_children(rank: int, world_size: int) -> list[int]:
     Rank r's children are r + 2^k for every 2^k below r's lowest set bit (every 2^k for
     rank 0) with r + 2^k < p. Thakur, Rabenseifner and Gropp 2005, §3 (binomial broadcast).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         rank: a rank relative to the root (0 is the root).
         world_size: number of ranks in the tree.
@@ -115,8 +109,6 @@ def tree_children(rank: int, world_size: int) -> list[int]:
 def largest_power_of_two(n: int) -> int:
     """p' = 2^⌊log2 n⌋, the largest power of two ≤ ``n``.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         n: a positive int.
 
@@ -135,8 +127,6 @@ def halving_doubling_windows(
     new_rank: int, world_size: int
 ) -> list[tuple[str, int, tuple[int, int], tuple[int, int]]]:
     """The chunks each step of Rabenseifner's algorithm sends and receives, on p = 2^k ranks.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         new_rank: the rank among the ``world_size`` ranks taking part.
@@ -240,8 +230,6 @@ def expected_messages(
     Rabenseifner: 2·log2 p per rank for power-of-two p (Thakur, Rabenseifner and Gropp 2005,
     §4); naive, tree and the fold for other p as described in this module's docstring.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         algorithm: ``"naive"``, ``"tree"``, ``"ring"``, ``"recursive_doubling"`` or
             ``"rabenseifner"``.
@@ -276,8 +264,6 @@ def expected_bytes(
     chunk r+1 in the all-gather, (2n − c_r − c_{r+1}) elements ≈ 2(p−1)/p · n; recursive
     doubling: log2 p · n for power-of-two p; Rabenseifner: (n − c_r) in the halving plus the
     doubling's blocks, 2(p−1)/p · n when p divides n (Thakur, Rabenseifner and Gropp 2005, §4).
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         algorithm: ``"naive"``, ``"tree"``, ``"ring"``, ``"recursive_doubling"`` or

@@ -6,23 +6,32 @@ Introduced in notebooks/03_allreduce_algorithms.ipynb.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["OPS", "check_same_input", "combine_", "finish_", "flat_view", "op_name", "prepare"]
+from labkit.backends._pg_util import reduce_op_name
+from labkit.collectives.counting import P2P
+
+__all__ = [
+    "OPS",
+    "check_same_input",
+    "combine_",
+    "finish_",
+    "flat_view",
+    "op_name",
+    "prepare",
+    "run_allreduce",
+]
 
 OPS = ("sum", "product", "min", "max", "avg")  # the ops these algorithms implement
-_ALIASES = {"prod": "product", "mean": "avg"}
 
 
 def op_name(op: Any) -> str:
-    """The lower-case name of a reduction op given as ``dist.ReduceOp.SUM``-like or a string.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
+    """The name of a reduction op these algorithms implement (read by ``reduce_op_name``).
 
     Args:
         op: ``dist.ReduceOp.SUM`` (a ``RedOpType``), ``dist.ReduceOp(...)``, or a name such
@@ -34,12 +43,7 @@ def op_name(op: Any) -> str:
     Raises:
         ValueError: an op these algorithms do not implement (e.g. BAND, PREMUL_SUM).
     """
-    if isinstance(op, str):
-        name = op.lower()
-    else:
-        op_type = getattr(op, "op", op)  # dist.ReduceOp(...) wraps a RedOpType in .op
-        name = str(getattr(op_type, "name", op_type)).lower()
-    name = _ALIASES.get(name, name)
+    name = reduce_op_name(op)
     if name not in OPS:
         raise ValueError(f"unsupported reduction op {op!r}; use one of {', '.join(OPS)}")
     return name
@@ -50,8 +54,6 @@ def combine_(dst: torch.Tensor, other: torch.Tensor, op: str, other_first: bool 
 
     The operand order is fixed so that two ranks combining the same pair of values get the
     same bits (recursive doubling relies on it). AVG combines as SUM; ``finish_`` divides.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         dst: the accumulator, overwritten.
@@ -81,8 +83,6 @@ def combine_(dst: torch.Tensor, other: torch.Tensor, op: str, other_first: bool 
 def finish_(tensor: torch.Tensor, op: str, world_size: int) -> None:
     """Turn a SUM into the AVG (``tensor /= world_size``) when ``op`` is ``"avg"``.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the summed values, divided in place when ``op == "avg"``.
         op: one of ``OPS``.
@@ -101,8 +101,6 @@ def finish_(tensor: torch.Tensor, op: str, world_size: int) -> None:
 @contextmanager
 def flat_view(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     """A 1-D contiguous buffer for ``tensor``; written back on exit if it had to be a copy.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: any tensor; send/recv need contiguous memory, so a non-contiguous one is
@@ -132,8 +130,6 @@ def check_same_input(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | N
     Costs one all-gather of one int64 per rank (a checksum of shape, dtype and op); only when
     they differ does a second all-gather fetch the details for the message. Without it, ranks
     with different sizes would wait for each other's messages forever.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: this rank's input.
@@ -177,8 +173,6 @@ def prepare(
 ) -> str:
     """Validate the call of an all-reduce algorithm on this rank; return the op's name.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the input, reduced in place afterwards.
         op: a ``dist.ReduceOp``-like op or its name.
@@ -204,3 +198,37 @@ def prepare(
             "integers is not an integer (dist.all_reduce refuses it too); use SUM and divide"
         )
     return name
+
+
+def run_allreduce(
+    tensor: torch.Tensor,
+    op: Any,
+    group: dist.ProcessGroup | None,
+    check: bool,
+    algorithm: Callable[[P2P, torch.Tensor, str], None],
+) -> None:
+    """Run an all-reduce ``algorithm`` on ``tensor`` in place, after the checks all of them make.
+
+    The call is validated (``prepare``), then ``algorithm(p2p, flat, name)`` reduces ``flat`` —
+    ``tensor`` as one contiguous 1-D buffer, written back if it had to be a copy — over the
+    group, sending through ``p2p`` (so the messages are counted) and dividing for AVG itself
+    (``finish_``), where its structure says.
+
+    Args:
+        tensor: this rank's input; holds the reduction over the group afterwards.
+        op: a ``dist.ReduceOp``-like op or its name.
+        group: the process group (default: the default group).
+        check: compare shape, dtype and op across ranks first (``check_same_input``).
+        algorithm: the algorithm on the flat buffer, given the op's name.
+
+    Returns:
+        None; ``tensor`` is modified in place, like ``dist.all_reduce``.
+
+    Raises:
+        ValueError: unsupported op, or inputs that differ across ranks (on every rank).
+        TypeError: AVG of an integer tensor.
+    """
+    name = prepare(tensor, op, group, check)
+    p2p = P2P(group)
+    with flat_view(tensor) as flat:
+        algorithm(p2p, flat, name)

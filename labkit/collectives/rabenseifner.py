@@ -33,7 +33,7 @@ from labkit.collectives.expected import (
     largest_power_of_two,
 )
 from labkit.collectives.fold import fold_in, group_rank, unfold
-from labkit.collectives.ops import combine_, finish_, flat_view, prepare
+from labkit.collectives.ops import combine_, finish_, run_allreduce
 
 __all__ = ["allreduce_rabenseifner"]
 
@@ -45,7 +45,7 @@ def _span(bounds: list[tuple[int, int]], chunks: tuple[int, int]) -> slice:
 
 
 def _halve_and_double(p2p: P2P, flat: torch.Tensor, op: str) -> None:
-    """The whole algorithm on a contiguous buffer (no AVG division)."""
+    """The whole algorithm on a contiguous buffer."""
     p = p2p.world_size
     p2 = largest_power_of_two(p)
     buf = torch.empty_like(flat)
@@ -65,6 +65,7 @@ def _halve_and_double(p2p: P2P, flat: torch.Tensor, op: str) -> None:
             else:  # straight into place
                 p2p.at(phase, step).exchange(send, partner, recv, partner)
     unfold(p2p, flat)
+    finish_(flat, op, p)
 
 
 @torch.no_grad()
@@ -82,8 +83,6 @@ def allreduce_rabenseifner(
     and get the result back at the end, so those partners send 2⌊log2 p⌋ + 1 messages and
     the folded ranks one. Works for any size, including sizes smaller than p (empty chunks).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.
@@ -97,8 +96,4 @@ def allreduce_rabenseifner(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    name = prepare(tensor, op, group, check)
-    p2p = P2P(group)
-    with flat_view(tensor) as flat:
-        _halve_and_double(p2p, flat, name)
-        finish_(flat, name, p2p.world_size)
+    run_allreduce(tensor, op, group, check, _halve_and_double)

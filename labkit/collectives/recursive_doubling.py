@@ -23,7 +23,7 @@ import torch.distributed as dist
 from labkit.collectives.counting import P2P
 from labkit.collectives.expected import largest_power_of_two
 from labkit.collectives.fold import fold_in, group_rank, unfold
-from labkit.collectives.ops import combine_, finish_, flat_view, prepare
+from labkit.collectives.ops import combine_, finish_, run_allreduce
 
 __all__ = ["allreduce_recursive_doubling"]
 
@@ -31,7 +31,7 @@ ReduceOp = dist.ReduceOp
 
 
 def _exchange_and_combine(p2p: P2P, flat: torch.Tensor, op: str) -> None:
-    """The whole algorithm on a contiguous buffer (no AVG division)."""
+    """The whole algorithm on a contiguous buffer."""
     p = p2p.world_size
     p2 = largest_power_of_two(p)
     buf = torch.empty_like(flat)
@@ -45,6 +45,7 @@ def _exchange_and_combine(p2p: P2P, flat: torch.Tensor, op: str) -> None:
         combine_(flat, buf, op, other_first=new_partner < new_rank)
         mask, step = mask << 1, step + 1
     unfold(p2p, flat)
+    finish_(flat, op, p)
 
 
 @torch.no_grad()
@@ -62,8 +63,6 @@ def allreduce_recursive_doubling(
     2005, §4), so most ranks send ⌊log2 p⌋ messages, the partners of folded ranks one more
     and the folded ranks one.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.
@@ -77,8 +76,4 @@ def allreduce_recursive_doubling(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    name = prepare(tensor, op, group, check)
-    p2p = P2P(group)
-    with flat_view(tensor) as flat:
-        _exchange_and_combine(p2p, flat, name)
-        finish_(flat, name, p2p.world_size)
+    run_allreduce(tensor, op, group, check, _exchange_and_combine)

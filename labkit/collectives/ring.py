@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from labkit.collectives.counting import P2P
 from labkit.collectives.expected import chunk_bounds
-from labkit.collectives.ops import combine_, finish_, flat_view, prepare
+from labkit.collectives.ops import combine_, finish_, flat_view, prepare, run_allreduce
 
-__all__ = ["all_gather_ring", "allreduce_ring", "reduce_scatter_ring"]
+__all__ = ["all_gather_ring", "allreduce_ring", "allreduce_ring_flat", "reduce_scatter_ring"]
 
 ReduceOp = dist.ReduceOp
 
@@ -57,6 +57,25 @@ def _all_gather(p2p: P2P, flat: torch.Tensor) -> None:
         p2p.at("all-gather", step).exchange(send, right, recv, left)
 
 
+def allreduce_ring_flat(p2p: P2P, flat: torch.Tensor, op: str) -> None:
+    """The ring all-reduce of a contiguous 1-D buffer, sending through ``p2p``.
+
+    The body of ``allreduce_ring`` without its checks, for a ``P2P`` of one's own
+    (``labkit.collectives.ring_trace`` runs it on threads).
+
+    Args:
+        p2p: this rank's sends and receives (``world_size``, ``rank``, ``at``).
+        flat: this rank's contiguous 1-D input; holds the reduction afterwards.
+        op: the op's name, one of ``OPS``.
+
+    Returns:
+        None; ``flat`` is modified in place.
+    """
+    mine = _reduce_scatter(p2p, flat, op)
+    finish_(mine, op, p2p.world_size)  # divide n/p elements, not n
+    _all_gather(p2p, flat)
+
+
 @torch.no_grad()
 def reduce_scatter_ring(
     tensor: torch.Tensor,
@@ -70,8 +89,6 @@ def reduce_scatter_ring(
     p−1 steps; in step s rank r sends chunk (r−s−1) mod p to rank r+1 and adds the chunk
     (r−s−2) mod p that rank r−1 sends into its own copy. Thakur, Rabenseifner and Gropp
     2005, §4 (the first half of the ring all-reduce).
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: this rank's full input, split into chunks by ``chunk_bounds(numel, p)``.
@@ -104,8 +121,6 @@ def all_gather_ring(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
     (r−s−1) mod p from rank r−1, forwarding what it received in the previous step. Thakur,
     Rabenseifner and Gropp 2005, §3 (ring all-gather).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the full-size buffer, split into chunks by ``chunk_bounds(numel, p)``; same
             shape and dtype on every rank (not checked, the caller guarantees it).
@@ -136,8 +151,6 @@ def allreduce_ring(
     rank in all, whatever p (Thakur, Rabenseifner and Gropp 2005, §4). Works for any size,
     including sizes not divisible by p and smaller than p (some chunks are then empty).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.
@@ -151,9 +164,4 @@ def allreduce_ring(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    name = prepare(tensor, op, group, check)
-    p2p = P2P(group)
-    with flat_view(tensor) as flat:
-        mine = _reduce_scatter(p2p, flat, name)
-        finish_(mine, name, p2p.world_size)  # divide n/p elements, not n
-        _all_gather(p2p, flat)
+    run_allreduce(tensor, op, group, check, allreduce_ring_flat)

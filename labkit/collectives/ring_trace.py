@@ -22,8 +22,8 @@ import torch
 
 from labkit.collectives.counting import P2P, CommStats, count_messages
 from labkit.collectives.expected import chunk_bounds
-from labkit.collectives.ops import finish_, prepare
-from labkit.collectives.ring import _all_gather, _reduce_scatter
+from labkit.collectives.ops import prepare
+from labkit.collectives.ring import allreduce_ring_flat
 
 __all__ = ["RingStep", "RingTrace", "ThreadP2P", "Transfer", "trace_ring_allreduce"]
 
@@ -54,10 +54,7 @@ class RingStep:
 
 @dataclass
 class RingTrace:
-    """A recorded ring all-reduce: inputs, the steps, the result, each rank's message counts.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-    """
+    """A recorded ring all-reduce: inputs, the steps, the result, each rank's message counts."""
 
     world_size: int
     inputs: list[list[float]]
@@ -105,8 +102,6 @@ class _Done:
 
 class ThreadP2P(P2P):
     """``P2P`` between threads of one process: rank r sends into a queue rank d reads.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         ring: the shared state of the simulated ranks (built by ``trace_ring_allreduce``).
@@ -177,10 +172,7 @@ def _run(buffers: list[torch.Tensor], op: str) -> tuple[_Ring, list[CommStats]]:
         try:
             p2p = ThreadP2P(ring, r)
             with count_messages() as mine:
-                # The body of allreduce_ring, on this rank's P2P.
-                reduced = _reduce_scatter(p2p, buffers[r], op)
-                finish_(reduced, op, p2p.world_size)
-                _all_gather(p2p, buffers[r])
+                allreduce_ring_flat(p2p, buffers[r], op)
             stats[r] = mine
         except BaseException as exc:  # reported below, in the caller's thread
             errors.append(exc)
@@ -206,8 +198,6 @@ def trace_ring_allreduce(inputs: list[list[float]] | torch.Tensor, op: str = "su
 
     Thakur, Rabenseifner and Gropp 2005, §4: p−1 reduce-scatter steps, then p−1 all-gather
     steps; in every step each rank sends one chunk to rank r+1 and receives one from r−1.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         inputs: one equal-length buffer per rank (a list of lists, or a 2-D tensor whose

@@ -18,11 +18,28 @@ import torch.distributed as dist
 
 from labkit.collectives.counting import P2P
 from labkit.collectives.expected import tree_children
-from labkit.collectives.ops import combine_, finish_, flat_view, prepare
+from labkit.collectives.ops import combine_, finish_, flat_view, prepare, run_allreduce
 
 __all__ = ["allreduce_naive", "allreduce_tree", "broadcast_tree", "reduce_tree"]
 
 ReduceOp = dist.ReduceOp
+
+
+def _gather_and_send_back(p2p: P2P, flat: torch.Tensor, op: str) -> None:
+    """The naive all-reduce on a contiguous buffer: rank 0 reduces in rank order."""
+    if p2p.rank == 0:
+        buf = torch.empty_like(flat)
+        for src in range(1, p2p.world_size):  # in rank order: a fixed reduction order
+            p2p.at("gather", 0).recv(buf, src)
+            combine_(flat, buf, op)
+        finish_(flat, op, p2p.world_size)
+        # One batch for the p−1 sends (NCCL coalesces it; see ``P2P.start``).
+        sends = [(flat, d) for d in range(1, p2p.world_size)]
+        for work in p2p.at("scatter back", 1).start(sends, []):
+            work.wait()
+    else:
+        p2p.at("gather", 0).send(flat, 0)
+        p2p.at("scatter back", 1).recv(flat, 0)
 
 
 @torch.no_grad()
@@ -39,8 +56,6 @@ def allreduce_naive(
     The "reduce + broadcast" baseline of Thakur, Rabenseifner and Gropp 2005, §4, with
     flat (linear) reduce and broadcast.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.
@@ -55,22 +70,7 @@ def allreduce_naive(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    name = prepare(tensor, op, group, check)
-    p2p = P2P(group)
-    with flat_view(tensor) as flat:
-        if p2p.rank == 0:
-            buf = torch.empty_like(flat)
-            for src in range(1, p2p.world_size):  # in rank order: a fixed reduction order
-                p2p.at("gather", 0).recv(buf, src)
-                combine_(flat, buf, name)
-            finish_(flat, name, p2p.world_size)
-            # One batch for the p−1 sends (NCCL coalesces it; see ``P2P.start``).
-            sends = [(flat, d) for d in range(1, p2p.world_size)]
-            for work in p2p.at("scatter back", 1).start(sends, []):
-                work.wait()
-        else:
-            p2p.at("gather", 0).send(flat, 0)
-            p2p.at("scatter back", 1).recv(flat, 0)
+    run_allreduce(tensor, op, group, check, _gather_and_send_back)
 
 
 def _reduce_tree(p2p: P2P, flat: torch.Tensor, op: str, root: int) -> None:
@@ -99,6 +99,14 @@ def _broadcast_tree(p2p: P2P, flat: torch.Tensor, root: int) -> None:
         p2p.at("broadcast", step).send(flat, (child + root) % p)
 
 
+def _reduce_and_broadcast(p2p: P2P, flat: torch.Tensor, op: str) -> None:
+    """The tree all-reduce on a contiguous buffer, through rank 0."""
+    _reduce_tree(p2p, flat, op, 0)
+    if p2p.rank == 0:
+        finish_(flat, op, p2p.world_size)
+    _broadcast_tree(p2p, flat, 0)
+
+
 @torch.no_grad()
 def reduce_tree(
     tensor: torch.Tensor,
@@ -113,8 +121,6 @@ def reduce_tree(
     In round k a rank whose relative rank has lowest set bit 2^k sends its partial result to
     the rank 2^k below it; after ⌈log2 p⌉ rounds the root holds the reduction. Each non-root
     rank sends exactly one message. Thakur, Rabenseifner and Gropp 2005, §4 (reduce).
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: this rank's input; on ``root`` the reduction afterwards, on other ranks a
@@ -151,8 +157,6 @@ def broadcast_tree(
     the rank 2^k above them, ⌈log2 p⌉ rounds in all and p−1 messages. Thakur, Rabenseifner
     and Gropp 2005, §3 (binomial-tree broadcast).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: the data on ``root``; the buffer to fill on the other ranks (same shape and
             dtype everywhere; not checked, the caller guarantees it).
@@ -185,8 +189,6 @@ def allreduce_tree(
     2(p−1) messages of n elements in total, ⌈log2 p⌉ rounds each way, so time grows like
     2⌈log2 p⌉(α + nβ) (Thakur, Rabenseifner and Gropp 2005, §4).
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         tensor: this rank's input; holds the reduction over the group afterwards.
         op: SUM, PRODUCT, MIN, MAX or AVG, as ``dist.ReduceOp.SUM``-like or a name.
@@ -200,10 +202,4 @@ def allreduce_tree(
         ValueError: unsupported op, or inputs that differ across ranks (on every rank).
         TypeError: AVG of an integer tensor.
     """
-    name = prepare(tensor, op, group, check)
-    p2p = P2P(group)
-    with flat_view(tensor) as flat:
-        _reduce_tree(p2p, flat, name, 0)
-        if p2p.rank == 0:
-            finish_(flat, name, p2p.world_size)
-        _broadcast_tree(p2p, flat, 0)
+    run_allreduce(tensor, op, group, check, _reduce_and_broadcast)

@@ -38,8 +38,6 @@ def time_allreduce(
     answer. Each sample starts after a barrier and counts until this rank returns; the
     slowest rank's time is kept (one MAX all-reduce at the end), as nccl-tests does.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         fns: name → function all-reducing its tensor argument in place, e.g.
             ``{"ring": partial(lk.collectives.allreduce_ring, check=False),

@@ -34,8 +34,6 @@ def busbw_factor(collective: str, world_size: int) -> float:
     all_gather, all_to_all (n−1)/n; broadcast, reduce 1 (gather, scatter: (n−1)/n as in
     ``src/gather.cu``; p2p: 1).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         collective: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``, ``"broadcast"``,
             ``"reduce"``, ``"all_to_all"``, ``"gather"``, ``"scatter"`` or ``"p2p"``.
@@ -57,8 +55,6 @@ def busbw_factor(collective: str, world_size: int) -> float:
 def algbw(n_bytes: float, time_s: float) -> float:
     """Algorithm bandwidth S/t in GB/s (nccl-tests' ``algbw``).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         n_bytes: the collective's size S (nccl-tests' convention, see ``formulas``).
         time_s: its duration in seconds (> 0).
@@ -76,8 +72,6 @@ def algbw(n_bytes: float, time_s: float) -> float:
 
 def busbw(collective: str, n_bytes: float, time_s: float, world_size: int) -> float:
     """Bus bandwidth algbw · ``busbw_factor(collective, world_size)`` in GB/s.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         collective: as ``busbw_factor``.

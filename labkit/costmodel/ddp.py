@@ -41,8 +41,6 @@ def bucketed_backward_s(
     overlap; when backward ends without) and the previous bucket has finished, and takes
     ``predict("all_reduce", bucket_bytes[k], world_size, network)``. Li et al. 2020 §3.2.3.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
-
     Args:
         ready_s: per bucket, in reduction order, when its last gradient is ready (seconds
             from the start of backward; non-decreasing in a real backward, but not required).
@@ -90,8 +88,6 @@ def powersgd_numel(
     all-reduced, r(n + m) elements — when ``(n + m)·r·min_compression_rate < n·m``;
     otherwise it is all-reduced whole (n·m). Vogels et al. 2019, Algorithm 1; the rule of
     ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         shapes: the gradients' shapes (e.g. ``[p.shape for p in model.parameters()]``).

@@ -273,8 +273,6 @@ def cost_terms(
 
     Thakur, Rabenseifner and Gropp 2005 (section per algorithm in ``CostTerms.source``).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         collective: a key of ``ALGORITHMS`` (``"all_reduce"``, ``"all_gather"``, ...).
         world_size: number of ranks p (≥ 1; ``p2p`` ignores it).

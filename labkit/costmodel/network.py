@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PRESETS", "Network", "fit"]
+__all__ = ["PRESETS", "Network", "fit", "least_squares_alpha_beta"]
 
 GB = 1e9  # bytes per GB
 
@@ -26,8 +26,6 @@ GB = 1e9  # bytes per GB
 @dataclass(frozen=True)
 class Network:
     """An α-β(-γ) network: ``latency_us`` (α in µs) and ``bandwidth_gbps`` (1/β in GB/s).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         latency_us: start-up time of one message, α, in microseconds (≥ 0).
@@ -87,8 +85,6 @@ class Network:
     ) -> Network:
         """The network with ``alpha`` (s) and ``beta`` (s/byte), e.g. from ``lk.bench``'s fit.
 
-        Introduced in notebooks/05_communication_cost.ipynb.
-
         Args:
             alpha: latency in seconds.
             beta: time per byte in seconds (> 0).
@@ -111,8 +107,6 @@ class Network:
 
         The numbers and their sources are in ``PRESETS``; they are orders of magnitude for
         what-if questions, not a substitute for measuring (``fit``).
-
-        Introduced in notebooks/05_communication_cost.ipynb.
 
         Args:
             name: a key of ``PRESETS`` (case-insensitive).
@@ -147,6 +141,32 @@ PRESETS: dict[str, Network] = {
 }
 
 
+def least_squares_alpha_beta(
+    ns: Sequence[float], ts: Sequence[float], relative: bool = True
+) -> tuple[float, float]:
+    """The weighted least-squares line ``t = α + n·β`` through the points (unconstrained).
+
+    The normal equations in closed form. With ``relative`` each point weighs 1/t², so its
+    residual counts relative to its time; otherwise every point weighs 1.
+
+    Args:
+        ns: message sizes in bytes (at least two distinct; the caller checks).
+        ts: the time of each, in seconds (> 0 with ``relative``; the caller checks).
+        relative: minimise relative rather than absolute residuals.
+
+    Returns:
+        ``(alpha, beta)``: seconds, and seconds per byte; α may come out negative.
+    """
+    ws = [1.0 / t**2 if relative else 1.0 for t in ts]
+    sw = sum(ws)
+    mn = sum(w * n for w, n in zip(ws, ns, strict=True)) / sw
+    mt = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
+    snn = sum(w * (n - mn) ** 2 for w, n in zip(ws, ns, strict=True))
+    snt = sum(w * (n - mn) * (t - mt) for w, n, t in zip(ws, ns, ts, strict=True))
+    beta = snt / snn
+    return mt - beta * mn, beta
+
+
 def fit(
     sizes_bytes: Sequence[float],
     times_s: Sequence[float],
@@ -161,8 +181,6 @@ def fit(
     when the unconstrained optimum has α < 0 (noisy small-message times), the best line
     through the origin is returned instead, which is the constrained least-squares solution.
     On exact data ``t = α + nβ`` both recover α and β exactly.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         sizes_bytes: message sizes (at least two distinct).
@@ -185,15 +203,9 @@ def fit(
         raise ValueError("fit needs times for at least two different sizes")
     if any(not (t > 0 and math.isfinite(t)) for t in ts):
         raise ValueError("fit needs positive, finite times")
-    ws = [1.0 / t**2 if relative else 1.0 for t in ts]
-    sw = sum(ws)
-    mn = sum(w * n for w, n in zip(ws, ns, strict=True)) / sw
-    mt = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
-    snn = sum(w * (n - mn) ** 2 for w, n in zip(ws, ns, strict=True))
-    snt = sum(w * (n - mn) * (t - mt) for w, n, t in zip(ws, ns, ts, strict=True))
-    beta = snt / snn
-    alpha = mt - beta * mn
+    alpha, beta = least_squares_alpha_beta(ns, ts, relative)
     if alpha < 0:  # constrained optimum: the line through the origin
+        ws = [1.0 / t**2 if relative else 1.0 for t in ts]
         beta = sum(w * n * t for w, n, t in zip(ws, ns, ts, strict=True)) / sum(
             w * n * n for w, n in zip(ws, ns, strict=True)
         )

@@ -44,8 +44,6 @@ def pipelined_tree_terms(world_size: int, segments: int) -> CostTerms:
     t(k) = (4⌈lg p⌉ + 4k)α + 2(1 + ⌈lg p⌉/k)nβ + (1 + ⌈lg p⌉/k)nγ, from Sanders, Speck and
     Träff 2009 (two-tree broadcast in 2⌈lg p⌉ + 2k steps; reduction its mirror image).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         world_size: number of ranks p (≥ 1).
         segments: k, the segments each half of the data is cut into (≥ 1).
@@ -77,8 +75,6 @@ def best_segments(
 
     k* = √(⌈lg p⌉·n·(2β + γ) / (4α)), rounded to the better of its two integer neighbours,
     at least 1 and at most n (a segment holds at least one byte).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         n_bytes: the tensor's size n.

@@ -42,8 +42,6 @@ def predict(
 
     Thakur, Rabenseifner and Gropp 2005 (§ per algorithm: ``cost_terms(...).source``).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         collective: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``, ``"broadcast"``,
             ``"reduce"``, ``"gather"``, ``"scatter"``, ``"all_to_all"`` or ``"p2p"``.
@@ -74,8 +72,6 @@ def predict_all(
 ) -> dict[str, float]:
     """``predict`` for every algorithm of ``collective``: algorithm → seconds.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         collective: as ``predict``.
         n_bytes: as ``predict``.
@@ -101,8 +97,6 @@ def best_algorithm(
     algorithms: Iterable[str] | None = None,
 ) -> str:
     """The algorithm the model predicts fastest (the first listed wins a tie).
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         collective: as ``predict``.
@@ -135,8 +129,6 @@ def crossover_bytes(
     Both costs are linear in n, so n* = (steps_b − steps_a)·α / ((bytes_a − bytes_b)·β +
     (reduce_a − reduce_b)·γ) (this module's docstring; Thakur, Rabenseifner and Gropp 2005).
     Below n* the algorithm with fewer steps is faster, above it the one with fewer bytes.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         collective: as ``predict``.
@@ -177,8 +169,6 @@ def what_if(
     algorithms: Iterable[str] | None = None,
 ) -> list[dict]:
     """Predicted time and bus bandwidth at every world size, e.g. thousands of ranks.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         collective: as ``predict``.

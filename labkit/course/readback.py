@@ -84,8 +84,6 @@ def _is_papermill_cell(cell: dict) -> bool:
 def read_executed(nb: dict) -> Readback:
     """Collect records, PNG figures and the first error from an executed notebook.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Args:
         nb: the executed notebook (nbformat node or the plain JSON dict).
 

@@ -41,8 +41,6 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.3rem 0; }
 def machine_info() -> dict[str, Any]:
     """Describe the machine the course ran on: Python, torch, CPUs, memory, GPUs, date.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Returns:
         A JSON-ready dict; ``gpus`` is a list of ``"name (N GiB)"`` (empty without CUDA);
         ``cuda_runtime``, ``nvidia_driver`` and ``nccl`` are versions or ``"none"`` (see
@@ -162,8 +160,6 @@ def write_report(
     """Write ``summary.json`` and ``report.html`` for a course run.
 
     Figures are read back from each result's executed notebook.
-
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
 
     Args:
         results: the run's results, in order (as from ``run_course``).

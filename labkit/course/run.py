@@ -124,8 +124,6 @@ def run_notebook(
     the result (its executed copy keeps the traceback), not raised. The kernel inherits
     ``LABKIT_LAUNCH_LOG``, so each launch in it notes the backend and device it resolved to.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Args:
         path: the notebook to run.
         output_dir: where the executed copy is written (same file name); created if missing.
@@ -230,8 +228,6 @@ def run_course(
     log: Callable[[str], None] | None = print,
 ) -> list[NotebookResult]:
     """Run the course notebooks in order, keep going past failures, and write the report.
-
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
 
     Args:
         notebooks_dir: folder of ``NN_*.ipynb`` notebooks (None: :func:`default_notebooks_dir`).

@@ -44,8 +44,6 @@ def parallel_sum(rank: int, world_size: int, n: int) -> int:
     ``r*n//p + 1 .. (r+1)*n//p`` (block distribution: slice sizes differ by at most one, and
     may be empty when n < p). int64 keeps the sum exact where float32 would round.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Args:
         rank: this rank.
         world_size: number of ranks p.
@@ -174,8 +172,6 @@ def _check_communication(world_size: int, results: list[list[dict]]) -> None:
 @exercise("00_parallel_sum", reference=parallel_sum, prompt=PROMPT)
 def check_parallel_sum(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a parallel sum of 1..n on 1, 2 and 3 ranks against n(n+1)/2.
-
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
 
     Args:
         fn: the learner's ``fn(rank, world_size, n)`` returning the total on every rank.

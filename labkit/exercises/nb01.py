@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import DEADLOCK, launch_learner
 
 WORLD_SIZES = (2, 3, 4)  # 3: an odd ring, where even-ranks-send-first deadlocks
 TIMEOUT_S = 15.0  # per launch; a correct answer takes milliseconds, a deadlock forever
@@ -43,8 +42,6 @@ def ring_exchange(
     nonblocking communication). Messages between one pair of ranks are matched in the order
     they were sent (§3.5, "Order"), so even on 2 ranks (left = right) the two receives match
     the two sends.
-
-    Introduced in notebooks/01_point_to_point.ipynb.
 
     Args:
         rank: this rank (global).
@@ -117,8 +114,6 @@ def _compare(world_size: int, results: list[Any]) -> None:
 def check_ring_exchange(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a neighbour exchange on rings of 2, 3 and 4 ranks: right values, no deadlock.
 
-    Introduced in notebooks/01_point_to_point.ipynb.
-
     Args:
         fn: the learner's ``fn(rank, world_size, x) -> (from_left, from_right)``.
 
@@ -131,26 +126,17 @@ def check_ring_exchange(fn: Callable[..., Any]) -> dict[str, Any]:
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(
-                _run,
-                world_size=world_size,
-                backend="gloo",  # the ordering is the point; gloo runs everywhere
-                device="cpu",
-                args=(fn,),
-                timeout=TIMEOUT_S,
-            )
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"deadlock on {world_size} ranks: no rank finished within {TIMEOUT_S:g} s. "
-                "A blocking send waits for its matching recv; if every rank first sends (or "
-                "first receives), each waits for a neighbour that waits too. Post the "
-                "transfers with dist.isend/dist.irecv and wait on them afterwards. Where each "
-                "rank was:\n" + str(exc)
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run,
+            world_size,
+            backend="gloo",  # the ordering is the point; gloo runs everywhere
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            did_not_finish=DEADLOCK,
+            hang="A blocking send waits for its matching recv; if every rank first sends (or "
+            "first receives), each waits for a neighbour that waits too. Post the transfers "
+            "with dist.isend/dist.irecv and wait on them afterwards. Where each rank was:",
+            stacks=True,
+        )
         _compare(world_size, results)
     return {"world_sizes": list(WORLD_SIZES)}

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from labkit.backends import recording
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import RANK_FAILED, launch_learner
 
 WORLD_SIZES = (2, 3)  # ranks the checker launches
 TIMEOUT_S = 60.0  # per launch; a deadlocked answer is reported after this long
@@ -43,8 +43,6 @@ def allreduce_from_parts(tensor: torch.Tensor, group: dist.ProcessGroup | None =
     Reference solution of exercise ``02_allreduce_from_parts``. The root receives p−1 tensors
     and sends p−1 (a bottleneck the ring all-reduce of notebook 03 removes); see Thakur,
     Rabenseifner and Gropp 2005, §4.
-
-    Introduced in notebooks/02_collectives.ipynb.
 
     Args:
         tensor: this rank's contribution; holds the sum over the group's ranks afterwards.
@@ -190,11 +188,19 @@ def _compare(world_size: int, results: list[list[dict | None]]) -> None:
         )
 
 
+def _group_rank_hint(cause: str) -> str:
+    if "is not part of group" not in cause:
+        return ""
+    return (
+        " Inside a group, name the root by its group rank: "
+        "dist.reduce(..., group=group, group_dst=0) and "
+        "dist.broadcast(..., group=group, group_src=0)."
+    )
+
+
 @exercise("02_allreduce_from_parts", reference=allreduce_from_parts, prompt=PROMPT)
 def check_allreduce_from_parts(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check an all-reduce built from reduce + broadcast against ``dist.all_reduce``.
-
-    Introduced in notebooks/02_collectives.ipynb.
 
     Args:
         fn: the learner's ``fn(tensor, group=None)``, a SUM all-reduce in place.
@@ -210,35 +216,17 @@ def check_allreduce_from_parts(fn: Callable[..., Any]) -> dict[str, Any]:
     """
     cases = 0
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(
-                _run_cases,
-                world_size=world_size,
-                backend=recording.spec("gloo"),  # gloo runs everywhere; we see every op
-                device="cpu",
-                args=(fn,),
-                timeout=TIMEOUT_S,
-            )
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {world_size} ranks the function did not finish within {TIMEOUT_S:g} s. "
-                "Every rank of the group must make the same collective calls in the same order "
-                "(reduce, then broadcast), with the same root.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            first = next(iter(exc.failures.values()))
-            hint = ""
-            if "is not part of group" in first.summary:
-                hint = (
-                    " Inside a group, name the root by its group rank: "
-                    "dist.reduce(..., group=group, group_dst=0) and "
-                    "dist.broadcast(..., group=group, group_src=0)."
-                )
-            raise ExerciseFailed(
-                f"on {world_size} ranks, rank {first.rank} {first.summary}.{hint}"
-            ) from exc
+        results = launch_learner(
+            _run_cases,
+            world_size,
+            backend=recording.spec("gloo"),  # gloo runs everywhere; we see every op
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            hang="Every rank of the group must make the same collective calls in the same order "
+            "(reduce, then broadcast), with the same root.",
+            failed=RANK_FAILED + ".",
+            hint=_group_rank_hint,
+        )
         _compare(world_size, results)
         cases += len(results[0])
     return {"world_sizes": list(WORLD_SIZES), "cases": cases}

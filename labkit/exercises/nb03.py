@@ -27,8 +27,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from labkit.collectives import P2P, chunk_bounds, chunk_sizes
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import DEADLOCK, launch_learner
 
 WORLD_SIZES = (2, 3, 4)
 SIZES = (2, 10)  # 2 < p for p = 3, 4 (empty chunks); 10 is not divisible by 3 or 4
@@ -48,8 +47,6 @@ def ring_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None
 
     Reference solution of exercise ``03_ring_all_gather``; ``lk.collectives.all_gather_ring``
     is the same algorithm. Thakur, Rabenseifner and Gropp 2005, §3 (ring all-gather).
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         tensor: 1-D; chunk r (``chunk_bounds``) valid on rank r; every chunk valid afterwards.
@@ -194,8 +191,6 @@ def _check_sends(world_size: int, rank: int, numel: int, sends: list[tuple[int, 
 def check_ring_all_gather(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a ring all-gather on 2, 3 and 4 ranks: every chunk in place, p−1 sends to the right.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         fn: the learner's ``fn(tensor, group=None)``, filling ``tensor`` in place.
 
@@ -208,25 +203,16 @@ def check_ring_all_gather(fn: Callable[..., Any]) -> dict[str, Any]:
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(
-                _run,
-                world_size=world_size,
-                backend="gloo",  # the algorithm is the point; gloo runs everywhere
-                device="cpu",
-                args=(fn,),
-                timeout=TIMEOUT_S,
-            )
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"deadlock on {world_size} ranks: no rank finished within {TIMEOUT_S:g} s. "
-                "Every rank must send and receive in every step, with the send and the "
-                "receive both in flight (isend + irecv, or P2P.exchange). Where each rank "
-                "was:\n" + str(exc)
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run,
+            world_size,
+            backend="gloo",  # the algorithm is the point; gloo runs everywhere
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            did_not_finish=DEADLOCK,
+            hang="Every rank must send and receive in every step, with the send and the receive "
+            "both in flight (isend + irecv, or P2P.exchange). Where each rank was:",
+            stacks=True,
+        )
         _compare(world_size, results)
     return {"world_sizes": list(WORLD_SIZES), "sizes": list(SIZES)}

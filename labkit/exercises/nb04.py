@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import BackendSpec, LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
+from labkit.launcher import BackendSpec
 
 WORLD_SIZES = (2, 3)
 TIMEOUT_S = 30.0  # per launch; a store.get on a key nobody sets waits this long
@@ -63,8 +63,6 @@ def store_allreduce(store: Any, rank: int, world_size: int, key: str, tensor: to
     on every rank, so the bits agree everywhere (floating-point addition is not associative).
     Each call needs a fresh ``key``: a store keeps old values, and ``get`` would return them.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         store: the group's c10d store (``set(key, bytes)``; ``get(key)`` waits for the key).
         rank: this rank in the group.
@@ -94,8 +92,6 @@ def completed(result: Any) -> dist.Work:
 
 class StoreProcessGroup(dist.ProcessGroup):
     """The smallest backend DDP runs on: all_reduce (SUM), broadcast and all_gather via the store.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         store: the group's store (from the creator ``register_backend`` calls).
@@ -228,8 +224,6 @@ def _compare(world_size: int, results: list[list[torch.Tensor]]) -> None:
 def check_minimal_allreduce(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a store-based all-reduce inside a real backend on 2 and 3 ranks.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         fn: the learner's ``fn(store, rank, world_size, key, tensor)``, summing in place.
 
@@ -244,17 +238,17 @@ def check_minimal_allreduce(fn: Callable[..., Any]) -> dict[str, Any]:
     creator = functools.partial(_create, allreduce_fn=_checked(fn))
     spec = BackendSpec("store_exercise", creator=creator)
     for world_size in WORLD_SIZES:
-        try:
-            results = launch(_run, world_size=world_size, backend=spec, timeout=TIMEOUT_S)
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {world_size} ranks nothing finished within {TIMEOUT_S:g} s: a rank waits in "
-                "store.get for a key no rank sets. Every rank must set its own key and get the "
-                "keys of all ranks (0 … p−1), built the same way.\n" + str(exc)
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise  # not attempted: check() runs the reference instead
-            raise ExerciseFailed(f"on {world_size} ranks, {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run,
+            world_size,
+            backend=spec,
+            args=(),
+            timeout_s=TIMEOUT_S,
+            device="auto",
+            did_not_finish="on {world_size} {ranks} nothing finished within {timeout_s:g} s:",
+            hang="a rank waits in store.get for a key no rank sets. Every rank must set its own "
+            "key and get the keys of all ranks (0 … p−1), built the same way.",
+            stacks=True,
+        )
         _compare(world_size, results)
     return {"world_sizes": list(WORLD_SIZES), "cases": 2 * len(CASES)}

@@ -46,8 +46,6 @@ def ring_allreduce_cost(
     reduce-scatter and p−1 of the all-gather, each sending one chunk of n/p bytes; only the
     reduce-scatter adds what it receives.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         n_bytes: the tensor's size n in bytes.
         world_size: number of ranks p (≥ 1).
@@ -128,8 +126,6 @@ def _diagnose(
 @exercise("05_ring_cost", reference=ring_allreduce_cost, prompt=PROMPT)
 def check_ring_cost(fn: Callable[..., Any]) -> dict[str, int]:
     """Check a derived ring all-reduce cost against ``lk.costmodel`` for many p, n and networks.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         fn: the learner's ``fn(n_bytes, world_size, alpha, beta, gamma) -> seconds``.

@@ -42,8 +42,6 @@ def average_gradients(model: nn.Module, group: dist.ProcessGroup | None = None) 
     ``lk.parallel.ddp.DataParallelNaive`` (Li et al. 2020, §3.1: all-reducing gradients makes
     every replica take the step one process would take on the whole batch).
 
-    Introduced in notebooks/06_data_parallel.ipynb.
-
     Args:
         model: the replica on this rank, after ``loss.backward()``.
         group: the data-parallel group (None: the default group).
@@ -171,8 +169,6 @@ def _launch_checked(fn: Callable[..., Any], world_size: int, groups: tuple = ())
 @exercise("06_average_gradients", reference=average_gradients, prompt=PROMPT)
 def check_average_gradients(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a gradient-averaging function against one process on the whole batch.
-
-    Introduced in notebooks/06_data_parallel.ipynb.
 
     Args:
         fn: the learner's ``fn(model, group=None)``, averaging gradients in place.

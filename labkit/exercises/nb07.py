@@ -61,8 +61,6 @@ def bfloat16_compress_hook(
     (the DDP comm-hook interface: Li et al. 2020 and torch's "DDP Communication Hooks" docs),
     which DDP refuses without CUDA/NCCL — by its name, so this one has another.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
-
     Args:
         process_group: the group to average over (the hook's state; None: the default group).
         bucket: the bucket DDP hands over (``bucket.buffer()``: its flat gradients).
@@ -210,8 +208,6 @@ def _check_in_flight(got: list[dict]) -> float:
 @exercise("07_bf16_compress_hook", reference=bfloat16_compress_hook, prompt=PROMPT)
 def check_bf16_compress_hook(fn: Callable[..., Any]) -> dict[str, int]:
     """Check a bfloat16 compression hook in real DDP on 2 ranks: results and bytes.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         fn: the learner's ``fn(process_group, bucket) -> Future[Tensor]``.

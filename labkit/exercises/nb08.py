@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 from labkit.parallel.async_sgd import (
     apply_gradient,
     average_parameters,
@@ -52,14 +51,17 @@ size)."""
 
 
 def _launch(fn: Callable[..., Any], world_size: int, args: tuple, what: str) -> list[Any]:
-    try:
-        return launch(fn, world_size, backend="gloo", device="cpu", args=args, timeout=TIMEOUT_S)
-    except LaunchTimeout as exc:
-        raise ExerciseFailed(f"{what} on {world_size} ranks did not finish:\n{exc}") from exc
-    except RankError as exc:
-        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-            raise  # not attempted: check() runs the reference instead
-        raise ExerciseFailed(f"{what} on {world_size} ranks: {first_cause(exc)}") from exc
+    return launch_learner(
+        fn,
+        world_size,
+        backend="gloo",
+        args=args,
+        timeout_s=TIMEOUT_S,
+        did_not_finish=what + " on {world_size} {ranks} did not finish:",
+        hang="",
+        stacks=True,
+        failed=what + " on {world_size} {ranks}: {cause}",
+    )
 
 
 def _serve(rank: int, world_size: int, fn: Callable[..., Any], problem) -> Any:
@@ -91,8 +93,6 @@ def _apply_by_hand(fn: Callable[..., Any]) -> None:
 @exercise("08_apply_gradient", reference=apply_gradient, prompt=APPLY_PROMPT)
 def check_apply_gradient(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check the server's step by hand, then inside the parameter server on 2 and 3 ranks.
-
-    Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Args:
         fn: the learner's ``fn(theta, version, grad, grad_version, lr) -> (version, staleness)``.
@@ -162,8 +162,6 @@ def _local_vs_sync(rank: int, world_size: int, fn: Callable[..., Any], problem) 
 @exercise("08_average_parameters", reference=average_parameters, prompt=AVERAGE_PROMPT)
 def check_average_parameters(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check parameter averaging on 3 ranks, then local SGD with H = 1 against sync SGD.
-
-    Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Args:
         fn: the learner's ``fn(theta, group=None)``, averaging ``theta`` in place.

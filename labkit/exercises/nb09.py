@@ -23,8 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 from labkit.parallel.accumulate import accumulation_step, split_micro_batches
 
 WORLD_SIZE = 2
@@ -49,8 +48,6 @@ def reference_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> None:
     """Reference solution of ``09_accumulation_step``: ``lk.parallel.accumulate.accumulation_step``.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         model: the DDP-wrapped model.
@@ -103,8 +100,6 @@ def _run(rank: int, world_size: int, fn: Callable) -> dict[str, Any]:
 
 def reference_params(variant: str = "large_batch") -> list[torch.Tensor]:
     """One process: parameters after each step on the global batch (or a known mistake).
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         variant: ``"large_batch"`` (the right answer); ``"last_micro_only"`` (zero_grad before
@@ -184,8 +179,6 @@ def _compare(results: list[dict[str, Any]]) -> dict[str, Any]:
 def check_accumulation_step(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a gradient-accumulation step under DDP: large-batch parameters, one round a step.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         fn: the learner's ``fn(model, optimizer, micro_batches, loss_fn)``.
 
@@ -197,15 +190,16 @@ def check_accumulation_step(fn: Callable[..., Any]) -> dict[str, Any]:
             k all-reduce rounds per step, or an error in a rank.
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
-    try:
-        results = launch(_run, WORLD_SIZE, backend="labkit_record", args=(fn,), timeout=TIMEOUT_S)
-    except LaunchTimeout as exc:
-        raise ExerciseFailed(
-            f"nothing finished within {TIMEOUT_S:g} s: do all ranks run the same number of "
-            "backward passes?\n" + str(exc)
-        ) from exc
-    except RankError as exc:
-        if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-            raise
-        raise ExerciseFailed(first_cause(exc)) from exc
+    results = launch_learner(
+        _run,
+        WORLD_SIZE,
+        backend="labkit_record",
+        args=(fn,),
+        timeout_s=TIMEOUT_S,
+        device="auto",
+        did_not_finish="nothing finished within {timeout_s:g} s:",
+        hang="do all ranks run the same number of backward passes?",
+        stacks=True,
+        failed="{cause}",
+    )
     return _compare(results)

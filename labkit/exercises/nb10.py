@@ -22,8 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 
 WORLD_SIZES = (3, 4)
 TIMEOUT_S = 60.0  # the whole launch
@@ -43,8 +42,6 @@ def reference_stage_backward(
     inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> None:
     """A middle stage's backward over send/recv (reference of ``10_stage_backward``).
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         inp: the stage's input (a leaf with ``requires_grad``), received from rank r − 1.
@@ -119,11 +116,18 @@ def _compare(p: int, results: list[dict[str, Any]]) -> None:
             raise ExerciseFailed(f"on {p} ranks, stage {rank}'s {name} gradient differs: {hint}")
 
 
+def _never_came_hint(cause: str) -> str:
+    if "Timed out" not in cause:
+        return ""
+    return (
+        " — a stage waited for a message that never came: send inp.grad to rank r − 1 "
+        "(not r + 1), once"
+    )
+
+
 @exercise("10_stage_backward", reference=reference_stage_backward, prompt=PROMPT)
 def check_stage_backward(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a middle stage's backward inside a model split over 3 and 4 ranks.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         fn: the learner's ``my_stage_backward(inp, out, group=None)``.
@@ -138,23 +142,17 @@ def check_stage_backward(fn: Callable[..., Any]) -> dict[str, Any]:
             reference).
     """
     for p in WORLD_SIZES:
-        try:
-            results = launch(_run, p, "gloo", args=(fn,), timeout=TIMEOUT_S, device="cpu")
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {p} ranks the step did not finish within {TIMEOUT_S:g} s: receive "
-                "exactly one gradient from rank r + 1 and send one to rank r − 1.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if any(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                # only the middle stages run the learner's code; their neighbours then fail
-                raise NotImplementedError("my_stage_backward is not written yet") from exc
-            cause = first_cause(exc)
-            if "Timed out" in cause:
-                cause += (
-                    " — a stage waited for a message that never came: send inp.grad to "
-                    "rank r − 1 (not r + 1), once"
-                )
-            raise ExerciseFailed(f"on {p} ranks, {cause}") from exc
+        results = launch_learner(
+            _run,
+            p,
+            backend="gloo",
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            did_not_finish="on {world_size} {ranks} the step did not finish within "
+            "{timeout_s:g} s:",
+            hang="receive exactly one gradient from rank r + 1 and send one to rank r − 1.",
+            hint=_never_came_hint,
+            todo_on_any_rank=True,  # only the middle stages run the learner's code
+        )
         _compare(p, results)
     return {"world_sizes": list(WORLD_SIZES)}

@@ -42,8 +42,6 @@ of a stage's forwards before its backwards, and every action as early as the rul
 def gpipe_slot(stage: int, op: str, microbatch: int, n_stages: int, n_microbatches: int) -> int:
     """Reference solution of ``11_gpipe_slots``: the slot of one GPipe action.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Forward of micro-batch i on stage s: slot s + i (stage s can start once s − 1 has run it;
     the last forward ends the fill at slot m + p − 2). The last stage's backwards follow its
     forwards from slot m + p − 1, and each earlier stage runs a backward one slot after the
@@ -126,8 +124,6 @@ def _check_one(fn: Callable[..., Any], p: int, m: int) -> None:
 @exercise("11_gpipe_slots", reference=gpipe_slot, prompt=PROMPT)
 def check_gpipe_slots(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a derived GPipe slot function: valid, all forwards first, ``2(m + p − 1)`` slots.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Args:
         fn: the learner's ``fn(stage, op, microbatch, n_stages, n_microbatches)`` → slot.

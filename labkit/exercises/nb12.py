@@ -20,8 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.exercises._failures import first_cause
-from labkit.launcher import LaunchTimeout, RankError, launch
+from labkit.exercises._failures import launch_learner
 from labkit.parallel.tensor.comm import copy_to_parallel, reduce_from_parallel
 
 WORLD_SIZES = (2, 4)
@@ -36,8 +35,6 @@ Write a `torch.autograd.Function` with static `forward(ctx, x)` and `backward(ct
 
 def reference_f(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Megatron's ``f``: identity forward, all-reduce backward (reference of ``12_f_operator``).
-
-    Introduced in notebooks/12_tensor_parallel.ipynb.
 
     Args:
         x: the replicated input of a column-parallel layer.
@@ -121,8 +118,6 @@ def _compare(p: int, results: list[dict[str, Any]]) -> None:
 def check_f_operator(fn: Callable[..., torch.Tensor]) -> dict[str, Any]:
     """Check the learner's ``f`` inside a tensor-parallel MLP against the unsplit MLP.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb.
-
     Args:
         fn: the learner's ``my_f(x, group=None)``.
 
@@ -135,16 +130,14 @@ def check_f_operator(fn: Callable[..., torch.Tensor]) -> dict[str, Any]:
         RankError: every failing rank raised ``NotImplementedError`` (not attempted yet).
     """
     for p in WORLD_SIZES:
-        try:
-            results = launch(_run, p, "gloo", args=(fn,), timeout=TIMEOUT_S, device="cpu")
-        except LaunchTimeout as exc:
-            raise ExerciseFailed(
-                f"on {p} ranks my_f did not finish within {TIMEOUT_S:g} s: every rank must "
-                "all-reduce the gradient once.\n" + exc.headline
-            ) from exc
-        except RankError as exc:
-            if all(f.exc_type == "NotImplementedError" for f in exc.failures.values()):
-                raise
-            raise ExerciseFailed(f"on {p} ranks, {first_cause(exc)}") from exc
+        results = launch_learner(
+            _run,
+            p,
+            backend="gloo",
+            args=(fn,),
+            timeout_s=TIMEOUT_S,
+            did_not_finish="on {world_size} {ranks} my_f did not finish within {timeout_s:g} s:",
+            hang="every rank must all-reduce the gradient once.",
+        )
         _compare(p, results)
     return {"world_sizes": list(WORLD_SIZES)}

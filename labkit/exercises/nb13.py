@@ -57,8 +57,6 @@ def zero1_update(
     Reference solution of exercise ``13_zero1_update``; ``lk.parallel.zero.ZeroStage1`` does
     the same per layer (ZeRO, Rajbhandari et al. 2020, §5.1; communication §7.2.1).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         flat_params: the full parameters, 1-D of N elements (updated in place).
         flat_grads: this rank's full gradient, 1-D, same length (left as it was).
@@ -203,8 +201,6 @@ def _compare(world_size: int, results: list[dict[int, dict[str, Any]]]) -> None:
 @exercise("13_zero1_update", reference=zero1_update, prompt=PROMPT)
 def check_zero1_update(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a ZeRO-1 update against one process stepping the whole buffer.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         fn: the learner's ``fn(flat_params, flat_grads, step_shard, group=None)``.

@@ -31,8 +31,7 @@ whose other two coordinates are equal."""
 def mesh_groups(dp: int, pp: int, tp: int, axis: str) -> list[list[int]]:
     """The groups of ``axis`` in a row-major dp × pp × tp mesh (reference of ``14_mesh_groups``).
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb; ``lk.mesh.ParallelDims.group_ranks``
-    computes the same.
+    ``lk.mesh.ParallelDims.group_ranks`` computes the same.
 
     Args:
         dp: data-parallel degree.
@@ -93,8 +92,6 @@ def _hint(dp: int, pp: int, tp: int, axis: str, got: list[list[int]]) -> str:
 @exercise("14_mesh_groups", reference=mesh_groups, prompt=PROMPT)
 def check_mesh_groups(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check the learner's groups against ``ParallelDims.group_ranks`` on several meshes.
-
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
 
     Args:
         fn: the learner's ``fn(dp, pp, tp, axis)``.

@@ -34,8 +34,6 @@ def atomic_write(path: str, data: bytes) -> None:
 
     Reference solution of exercise ``15_atomic_write`` (``lk.checkpoint.atomic_write_bytes``).
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         path: the file to replace.
         data: its new bytes.

@@ -75,8 +75,6 @@ def exposed_comm(spans: Sequence[Span]) -> tuple[list[float], int]:
     Reference solution of exercise ``16_exposed_comm``: ``lk.trace.Timeline``'s per-rank
     summary, ``comm_s - overlap_s``.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Args:
         spans: one step's spans of ranks 0..p-1, on one clock.
 
@@ -164,8 +162,6 @@ def _number(x: Any) -> bool:
 @exercise("16_exposed_comm", reference=exposed_comm, prompt=PROMPT)
 def check_exposed_comm(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check exposed communication per rank and the straggler on hand-made steps.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Args:
         fn: the learner's ``fn(spans)``.

@@ -57,8 +57,6 @@ def token_weighted_average(
     with one all-reduce for the counts and one per parameter (a bucketed version flattens
     the gradients first, as DDP does).
 
-    Introduced in notebooks/17_capstone.ipynb.
-
     Args:
         params: this rank's parameters, after ``backward`` of its mean loss.
         n_tokens: the number of target tokens that loss averaged over on this rank.
@@ -183,8 +181,6 @@ def _compare(world_size: int, results: list[dict[str, Any]]) -> float:
 @exercise("17_token_weighted_average", reference=token_weighted_average, prompt=PROMPT)
 def check_token_weighted_average(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a token-weighted gradient all-reduce against one process on the whole batch.
-
-    Introduced in notebooks/17_capstone.ipynb.
 
     Args:
         fn: the learner's ``fn(params, n_tokens, group=None)``.

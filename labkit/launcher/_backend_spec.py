@@ -1,5 +1,7 @@
 """Backends that are not built into torch: registered inside every rank before the group forms.
 
+Introduced in notebooks/04_custom_backend.ipynb.
+
 Ranks are fresh processes: a backend registered in the notebook with
 ``dist.Backend.register_backend`` is unknown to them. A ``BackendSpec`` travels with the call
 (by value, so a creator written in a notebook cell works) and registers itself in each rank.
@@ -15,8 +17,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class BackendSpec:
     """A communication backend for ``lk.launch(fn, backend=BackendSpec(...))``.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         name: the name ``init_process_group(backend=name)`` will use.

@@ -1,4 +1,7 @@
-"""Check a launch request before any process starts; every error says what to do instead."""
+"""Check a launch request before any process starts; every error says what to do instead.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb.
+"""
 
 from __future__ import annotations
 
@@ -146,9 +149,9 @@ def resolve(backend, device, world_size: int) -> tuple[str, BackendSpec | None, 
 def launch_choice(world_size: int, backend: str = "auto", device: str = "auto") -> Choice:
     """What ``lk.launch(fn, world_size, backend=..., device=...)`` would run on, here and now.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb. For code that must know before it
-    launches: e.g. a wrapping backend (``recording.spec(inner)``) needs one inner backend,
-    ``labkit.launcher._context.backend_for(choice.backend, choice.device)``.
+    For code that must know before it launches: e.g. a wrapping backend (``recording.spec(inner)``)
+    needs one inner backend, ``labkit.launcher._context.backend_for(choice.backend,
+    choice.device)``.
 
     Args:
         world_size: ranks of the launch.
@@ -178,9 +181,8 @@ def fit_ranks(
 ) -> tuple[int, str, str]:
     """A notebook's world size, backend and device, fitted to what its lesson and machine allow.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb; every notebook's parameter cell
-    calls it, so that ``labkit course run --world-size N --device cuda`` runs the whole course
-    on any machine and says where it had to differ:
+    Every notebook's parameter cell calls it, so that ``labkit course run --world-size N --device
+    cuda`` runs the whole course on any machine and says where it had to differ:
 
     - a lesson that needs more ranks (a parameter server and two workers: 3) or a multiple
       (a 2-D mesh: even) launches the next world size that fits, and says so;

@@ -1,4 +1,7 @@
-"""Per-rank facts that the launcher resolved, readable from code running inside a rank."""
+"""Per-rank facts that the launcher resolved, readable from code running inside a rank.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +41,6 @@ def rank_context() -> RankContext:
 def get_device():
     """The ``torch.device`` that ``lk.launch`` resolved for this rank (``cuda:<rank>`` or cpu).
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Returns:
         torch.device: where this rank should put its tensors.
 
@@ -55,8 +56,6 @@ def device_backend(group=None, device=None) -> str:
     Under the launcher's "auto" rule a group on GPUs is ``"cpu:gloo,cuda:nccl"``: CUDA
     tensors go over NCCL and CPU tensors over gloo, so "which backend?" has an answer only
     per device type. ``torch.distributed.get_backend`` returns the whole string.
-
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
 
     Args:
         group: the process group (None: the default group).

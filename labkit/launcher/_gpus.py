@@ -34,8 +34,6 @@ __all__ = ["gpu_count"]
 def gpu_count() -> int:
     """CUDA GPUs visible to this process, counted without initialising CUDA in it.
 
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-
     Returns:
         int: 0 on a CPU-only torch build, without torch, or when NVML lists no GPU;
         ``torch.cuda.device_count()`` when this process has initialised CUDA already (nothing

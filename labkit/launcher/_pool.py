@@ -1,5 +1,7 @@
 """The launcher's side of the zygote: start it once per kernel, ask it for ranks, stop it.
 
+Introduced in notebooks/00_setup_and_launcher.ipynb (``lk.shutdown``).
+
 The zygote is the only process that stays between launches (the "warm pool"); it never grows,
 it dies with the kernel (Linux parent-death signal, plus an ``atexit`` hook elsewhere) and
 ``lk.shutdown()`` stops it explicitly.
@@ -156,10 +158,7 @@ def current_zygote_pid() -> int | None:
 
 
 def shutdown() -> None:
-    """Stop labkit's warm worker process (the zygote); the next launch starts a new one.
-
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-    """
+    """Stop labkit's warm worker process (the zygote); the next launch starts a new one."""
     global _zygote
     with _lock:
         if _zygote is not None:

@@ -119,7 +119,7 @@ class LaunchRun:
         }
 
     # -- the loop -------------------------------------------------------------------------
-    def _start_ranks(self) -> None:
+    def start_ranks(self) -> None:
         """Host the store, fork the ranks, send each the call and watch all their pipes."""
         self._start_store()
         self.pids = self.zygote.start_ranks(self.id, [r.child_fds for r in self.ranks])
@@ -139,10 +139,10 @@ class LaunchRun:
 
     def run(self) -> list:
         try:
-            self._start_ranks()
+            self.start_ranks()
             return self._supervise()
         finally:
-            self._cleanup()
+            self.cleanup()
 
     def _supervise(self) -> list:
         deadline = time.monotonic() + self.plan.timeout
@@ -150,44 +150,53 @@ class LaunchRun:
         while True:
             now = time.monotonic()
             if all(r.has_result for r in self.ranks):
-                self._wait_exits(EXIT_WAIT_S)
+                self.wait_exits(EXIT_WAIT_S)
                 return [r.result for r in self.ranks]
             failed = [r for r in self.ranks if r.error or (r.exited and not r.has_result)]
             if failed and first_failure_at is None:
                 first_failure_at = now
             if first_failure_at is not None and now - first_failure_at >= FAILURE_GRACE_S:
-                raise self._fail()
+                raise self.rank_error()
             if now >= deadline:
-                raise self._timeout()
+                raise self.timeout_error()
             wait = deadline - now
             if first_failure_at is not None:
                 wait = min(wait, first_failure_at + FAILURE_GRACE_S - now)
             # Wake at least 5x a second: a Ctrl-C must not wait for a long select to end.
-            self._poll(min(max(0.0, wait), 0.2))
+            self.poll(min(max(0.0, wait), 0.2))
 
-    def _poll(self, timeout: float) -> None:
+    def poll(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the watched descriptors; handle each ready one."""
         for key, _ in self.sel.select(timeout):
             kind, r = key.data
-            if kind == "zygote":
-                self.zygote.pump()
-                self._note_exits()
-                continue
-            try:
-                data = r.ctrl.recv(1 << 20) if kind == "ctrl" else os.read(key.fd, 1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                self.sel.unregister(key.fileobj)
-                if kind in ("out", "err"):
-                    self.relay.close(r.rank, kind)
-                continue
-            if kind == "ctrl":
-                for msg in r.frames.feed(data):
-                    self._on_message(r, msg)
-            elif kind == "stk":
-                r.stack += data
-            else:
-                self.relay.feed(r.rank, kind, data)
+            self.on_ready(key, kind, r)
+
+    def on_ready(self, key: selectors.SelectorKey, kind: str, r: _RankIO | None) -> None:
+        """Handle one ready descriptor: the zygote's socket or one of a rank's four.
+
+        ``kind`` is ``"zygote"``, or for rank ``r`` ``"ctrl"`` (its control socket), ``"out"``,
+        ``"err"`` (its output pipes) or ``"stk"`` (its stack-dump pipe). A subclass that
+        watches more descriptors handles its own kinds and passes these on.
+        """
+        if kind == "zygote":
+            self.zygote.pump()
+            self.note_exits()
+            return
+        try:
+            data = r.ctrl.recv(1 << 20) if kind == "ctrl" else os.read(key.fd, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(key.fileobj)
+            if kind in ("out", "err"):
+                self.relay.close(r.rank, kind)
+        elif kind == "ctrl":
+            for msg in r.frames.feed(data):
+                self._on_message(r, msg)
+        elif kind == "stk":
+            r.stack += data
+        else:
+            self.relay.feed(r.rank, kind, data)
 
     def _on_message(self, r: _RankIO, msg: dict) -> None:
         if msg["op"] == "result":
@@ -197,7 +206,8 @@ class LaunchRun:
             r.error = msg
             r.failed_at = time.monotonic()
 
-    def _note_exits(self) -> None:
+    def note_exits(self) -> None:
+        """Mark the ranks whose exit the zygote has reported (with their exit codes)."""
         for r, pid in zip(self.ranks, self.pids, strict=False):
             if not r.exited and pid in self.zygote.exits:
                 r.exit_code = self.zygote.exits.pop(pid)
@@ -205,7 +215,7 @@ class LaunchRun:
                 if not r.has_result and not r.error:
                     r.failed_at = time.monotonic()
 
-    def _signal(self, pids: list[int], sig: int) -> None:
+    def signal_ranks(self, pids: list[int], sig: int) -> None:
         """Signal ranks now, without waiting for the zygote.
 
         The zygote may be busy for a moment (warming up an import), and a stack dump must not
@@ -240,24 +250,25 @@ class LaunchRun:
         end = time.monotonic() + seconds
         # Until every rank pipe has reached EOF (the zygote's socket never does).
         while time.monotonic() < end and len(self.sel.get_map()) > 1:
-            self._poll(min(0.05, max(0.0, end - time.monotonic())))
+            self.poll(min(0.05, max(0.0, end - time.monotonic())))
 
-    def _wait_exits(self, seconds: float) -> None:
+    def wait_exits(self, seconds: float) -> None:
         """Give live ranks ``seconds`` to exit, then SIGKILL them and wait for the zygote's word."""
         end = time.monotonic() + seconds
         while self._live_pids() and time.monotonic() < end:
-            self._poll(0.05)
+            self.poll(0.05)
         if self._live_pids():
-            self._signal(self._live_pids(), signal.SIGKILL)
+            self.signal_ranks(self._live_pids(), signal.SIGKILL)
             end = time.monotonic() + 10.0
             while self._live_pids() and time.monotonic() < end:
-                self._poll(0.05)
+                self.poll(0.05)
         self._drain(0.2)  # last output lines
 
     # -- outcomes -------------------------------------------------------------------------
-    def _fail(self) -> RankError:
+    def rank_error(self) -> RankError:
+        """Stop the other ranks and describe every rank that raised or died."""
         stopped = [r.rank for r in self.ranks if not r.exited and not r.error]
-        self._wait_exits(0.0)
+        self.wait_exits(0.0)
         failures = {}
         for r in self.ranks:
             if r.error:
@@ -287,22 +298,30 @@ class LaunchRun:
             advice="Fix the failing rank's code and run the cell again.",
         )
 
-    def _timeout(self) -> LaunchTimeout:
-        stuck = [r for r in self.ranks if not r.exited and not r.has_result]
-        self._signal([self.pids[r.rank] for r in stuck], signal.SIGUSR1)
-        # faulthandler writes a dump in many small pieces: wait until every stuck rank has
-        # written something and then nothing more for STACK_QUIET_S (bounded by STACK_WAIT_S).
+    def collect_stacks(self, ranks: list[_RankIO]) -> None:
+        """Ask these ranks for their Python stacks (faulthandler, SIGUSR1); wait for them.
+
+        faulthandler writes a dump in many small pieces: wait until every rank has written
+        something and then nothing more for STACK_QUIET_S (bounded by STACK_WAIT_S). Each
+        dump is appended to its rank's ``stack``.
+        """
+        self.signal_ranks([self.pids[r.rank] for r in ranks], signal.SIGUSR1)
         now = time.monotonic()
         end, last_growth, seen = now + STACK_WAIT_S, now, 0
         while now < end:
-            self._poll(0.05)
+            self.poll(0.05)
             now = time.monotonic()
-            total = sum(len(r.stack) for r in stuck)
+            total = sum(len(r.stack) for r in ranks)
             if total != seen:
                 seen, last_growth = total, now
-            elif all(r.stack for r in stuck) and now - last_growth >= STACK_QUIET_S:
+            elif all(r.stack for r in ranks) and now - last_growth >= STACK_QUIET_S:
                 break
-        self._wait_exits(0.0)
+
+    def timeout_error(self) -> LaunchTimeout:
+        """Collect the unfinished ranks' stacks, stop every rank, say where each one was."""
+        stuck = [r for r in self.ranks if not r.exited and not r.has_result]
+        self.collect_stacks(stuck)
+        self.wait_exits(0.0)
         failures = {
             r.rank: RankFailure(
                 r.rank,
@@ -327,15 +346,16 @@ class LaunchRun:
         )
         return LaunchTimeout(failures, self.plan.world_size, [], headline=headline, advice=advice)
 
-    def _cleanup(self) -> None:
+    def cleanup(self) -> None:
+        """Kill whatever rank is left and close every descriptor and the store."""
         # Runs on every path, KeyboardInterrupt included: nothing outlives the call.
         try:
             if self.pids and self._live_pids():
-                self._signal(self._live_pids(), signal.SIGKILL)
+                self.signal_ranks(self._live_pids(), signal.SIGKILL)
                 end = time.monotonic() + 10.0
                 while self._live_pids() and time.monotonic() < end:
                     try:
-                        self._poll(0.05)
+                        self.poll(0.05)
                     except KeyboardInterrupt:
                         continue
         finally:

@@ -1,4 +1,8 @@
-"""Errors raised by ``lk.launch`` when ranks fail: which rank, what happened, what to do."""
+"""Errors raised by ``lk.launch`` when ranks fail: which rank, what happened, what to do.
+
+Introduced in notebooks/00_setup_and_launcher.ipynb (``RankError``) and
+notebooks/01_point_to_point.ipynb (``LaunchTimeout``, the deadlock lesson).
+"""
 
 from __future__ import annotations
 
@@ -102,10 +106,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name
 
 
 class RankError(RuntimeError):
-    """One or more ranks failed; ``failures`` maps each failed rank to its ``RankFailure``.
-
-    Introduced in notebooks/00_setup_and_launcher.ipynb.
-    """
+    """One or more ranks failed; ``failures`` maps each failed rank to its ``RankFailure``."""
 
     def __init__(
         self,
@@ -148,10 +149,7 @@ class RankError(RuntimeError):
 
 
 class LaunchTimeout(RankError, TimeoutError):
-    """No result within the launch's ``timeout``; the message shows where every rank was.
-
-    Introduced in notebooks/01_point_to_point.ipynb (the deadlock lesson).
-    """
+    """No result within the launch's ``timeout``; the message shows where every rank was."""
 
 
 def _join(ranks) -> str:

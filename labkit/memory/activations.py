@@ -32,8 +32,6 @@ def activation_bytes_per_layer(
     - full recompute (only each layer's input is kept): 2sbh (2sbh/t with sequence
       parallelism).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         seq_len: s, tokens per sequence.
         micro_batch: b, sequences per micro-batch.

@@ -46,8 +46,6 @@ def zero_rank_bytes(
     the parameters are in lower precision (ZeRO's K = 4 + 4 + 4 = 12). Which states are
     sharded per stage: ZeRO, Rajbhandari et al. 2020, §5 (see ``zero_memory``).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: an ``nn.Module`` (anything with ``parameters()``); only trainable
             parameters (``requires_grad``) count.

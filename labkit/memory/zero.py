@@ -37,10 +37,7 @@ DP_DEGREES = (1, 4, 16, 64, 256, 1024)  # the DP degrees of the paper's Table 1
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes of model state one data-parallel rank holds, split by kind.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-    """
+    """Bytes of model state one data-parallel rank holds, split by kind."""
 
     stage: int
     n_params: float
@@ -110,8 +107,6 @@ def zero_memory(
     bytes of fp16 parameters and gradients). Shards are exact fractions here (the paper's
     arithmetic); ``zero_rank_bytes`` rounds real tensors up to whole padded shards.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         n_params: Ψ, the number of parameters (> 0).
         dp_degree: N_d, the number of data-parallel ranks sharing the states.
@@ -148,8 +143,6 @@ def per_device_bytes(
 
     The closed forms of ZeRO (Rajbhandari et al. 2020, Figure 1); see ``zero_memory``.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         n_params: Ψ, the number of parameters.
         dp_degree: N_d, the data-parallel degree.
@@ -175,8 +168,6 @@ def table(
 
     Extends Table 1 of ZeRO (Rajbhandari et al. 2020: 7.5B, 128B and 1T parameters at DP 1 to
     1024 for P_os, P_os+g, P_os+g+p) with 1.5B and 13B and with the baseline (stage 0).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         model_sizes: parameter counts Ψ (default ``MODEL_SIZES``, 1.5B to 1T).

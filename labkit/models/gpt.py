@@ -43,9 +43,9 @@ def gpt_parameter_count(
 ) -> int:
     """Parameters of a ``TinyGPT``: Vh + Th + L(12h² + 13h) + 2h (+ Vh for an untied head).
 
-    Introduced in notebooks/17_capstone.ipynb. Per block: two LayerNorms (4h), q, k, v and
-    the projection (4h² + 4h) and the MLP h → 4h → h (8h² + 5h); GPT-2's 12h² per layer
-    (Radford et al. 2019; Kaplan et al. 2020, §2.1, count 12·L·h² without biases).
+    Per block: two LayerNorms (4h), q, k, v and the projection (4h² + 4h) and the MLP h → 4h → h
+    (8h² + 5h); GPT-2's 12h² per layer (Radford et al. 2019; Kaplan et al. 2020, §2.1, count 12·L·h²
+    without biases).
 
     Args:
         vocab_size: V.
@@ -64,11 +64,10 @@ def gpt_parameter_count(
 class TinyGPT(nn.Sequential):
     """A decoder-only transformer (GPT-2's layout, pre-norm) as a sequence of layers.
 
-    Introduced in notebooks/17_capstone.ipynb. Layer 0 embeds tokens and positions,
-    layers 1..L are causal ``TransformerBlock``s, the last is the final LayerNorm and the
-    language-model head (nanoGPT's ``model.py`` in miniature). Being an ``nn.Sequential``, it
-    can be cut into pipeline stages by index; its blocks are named ``"1"`` … ``"L"`` for a
-    tensor-parallel plan (``lk.parallel.tensor.block_plan``).
+    Layer 0 embeds tokens and positions, layers 1..L are causal ``TransformerBlock``s, the last is
+    the final LayerNorm and the language-model head (nanoGPT's ``model.py`` in miniature). Being an
+    ``nn.Sequential``, it can be cut into pipeline stages by index; its blocks are named ``"1"`` …
+    ``"L"`` for a tensor-parallel plan (``lk.parallel.tensor.block_plan``).
 
     Args:
         vocab_size: V, token ids 0..V-1.

@@ -1,6 +1,7 @@
 """An MLP and a CNN for the 8×8 digits, a size-dialled MLP and an emulated-compute layer.
 
-Introduced in notebooks/06_data_parallel.ipynb.
+Introduced in notebooks/06_data_parallel.ipynb (the digits models) and
+notebooks/07_ddp_buckets_and_overlap.ipynb (``mlp_with_parameters``, ``ComputeDelay``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ __all__ = ["CNN", "MLP", "ComputeDelay", "count_parameters", "mlp_with_parameter
 
 class MLP(nn.Module):
     """A multilayer perceptron: Linear → ReLU → … → Linear.
-
-    Introduced in notebooks/06_data_parallel.ipynb.
 
     Args:
         in_features: input width (64 for 8×8 digits flattened).
@@ -51,8 +50,6 @@ class MLP(nn.Module):
 
 class CNN(nn.Module):
     """A small convolutional network for 1×8×8 digit images.
-
-    Introduced in notebooks/06_data_parallel.ipynb.
 
     conv(1→c1, 3×3) → ReLU → conv(c1→c2, 3×3) → ReLU → 2×2 max-pool → Linear(c2·4·4 → 10).
 
@@ -101,10 +98,9 @@ class _Delay(torch.autograd.Function):
 class ComputeDelay(nn.Module):
     """An identity layer that takes a fixed time in forward and in backward: emulated compute.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb. On an accelerator a layer's
-    kernels take a predictable time while the CPU stays free; four ranks sharing two CPU
-    cores cannot show that (they slow each other down). Sleeping instead of computing
-    gives each rank the timing of a fast device without using a core, so overlap of
+    On an accelerator a layer's kernels take a predictable time while the CPU stays free; four ranks
+    sharing two CPU cores cannot show that (they slow each other down). Sleeping instead of
+    computing gives each rank the timing of a fast device without using a core, so overlap of
     communication with backward can be measured on a laptop.
 
     Args:
@@ -132,8 +128,6 @@ class ComputeDelay(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Number of scalar parameters in ``model``.
 
-    Introduced in notebooks/06_data_parallel.ipynb.
-
     Args:
         model: any module.
 
@@ -148,8 +142,7 @@ def mlp_with_parameters(
 ) -> MLP:
     """An MLP with ``n_layers`` equal hidden layers and at least ``n_params`` parameters.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb (benchmarks need a model of a
-    chosen size, e.g. ≥ 5 M parameters for DDP step times).
+    Benchmarks need a model of a chosen size, e.g. ≥ 5 M parameters for DDP step times.
 
     Args:
         n_params: the minimum parameter count wanted.

@@ -16,8 +16,7 @@ __all__ = ["FeedForward", "SelfAttention", "TransformerBlock"]
 class FeedForward(nn.Module):
     """A transformer's MLP: ``fc1`` (h → hidden) → GELU → ``fc2`` (hidden → h).
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (the block Megatron-LM splits first:
-    Shoeybi et al. 2019, §3, Figure 3a).
+    The block Megatron-LM splits first (Shoeybi et al. 2019, §3, Figure 3a).
 
     Args:
         dim: model width h.
@@ -39,9 +38,9 @@ class FeedForward(nn.Module):
 class SelfAttention(nn.Module):
     """Multi-head self-attention with separate ``q``, ``k``, ``v`` and output ``proj`` layers.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb. The number of heads is read from the
-    width of ``q``'s output (``width // head_dim``), so the same code runs a tensor-parallel
-    shard that holds only some of the heads (Shoeybi et al. 2019, §3, Figure 3b).
+    The number of heads is read from the width of ``q``'s output (``width // head_dim``), so the
+    same code runs a tensor-parallel shard that holds only some of the heads (Shoeybi et al. 2019,
+    §3, Figure 3b).
 
     Args:
         dim: model width h (a multiple of ``n_heads``).
@@ -77,8 +76,6 @@ class SelfAttention(nn.Module):
 
 class TransformerBlock(nn.Module):
     """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(x))``.
-
-    Introduced in notebooks/12_tensor_parallel.ipynb.
 
     Args:
         dim: model width h.

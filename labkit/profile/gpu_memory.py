@@ -36,8 +36,6 @@ SMALL_REQUEST_BYTES = 1 << 20  # kSmallSize: requests up to this come from the s
 def cuda_block_bytes(n_bytes: int) -> int:
     """Bytes ``torch.cuda.memory_allocated`` counts for one tensor of ``n_bytes``.
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     The caching allocator rounds every request up to a multiple of 512 bytes; an empty
     tensor allocates nothing. Exact for ``n_bytes <= 1 MiB`` (the small pool); a lower bound
     above it, where an unsplit block may count up to 1 MiB more.
@@ -58,8 +56,6 @@ def cuda_block_bytes(n_bytes: int) -> int:
 
 def cuda_tensor_bytes(tensors: Iterable[Any]) -> int:
     """What the caching allocator counts for these tensors' distinct CUDA storages.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Each storage counts once (views of one buffer share it), rounded with
     ``cuda_block_bytes``; ``None`` entries, non-tensors and tensors not on a CUDA device
@@ -89,8 +85,6 @@ def cuda_tensor_bytes(tensors: Iterable[Any]) -> int:
 class CudaMemory:
     """One region's GPU memory, in bytes above what was allocated when it began.
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     Attributes:
         device: the CUDA device measured.
         base_bytes: ``torch.cuda.memory_allocated(device)`` when the region began (tensors
@@ -108,8 +102,6 @@ class CudaMemory:
 @contextmanager
 def cuda_memory(device: Any) -> Iterator[CudaMemory]:
     """Measure the peak and the remaining GPU memory of the code inside the ``with``.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Synchronizes the device before reading the base (kernels queued earlier have finished
     allocating), resets its peak statistic (``torch.cuda.reset_peak_memory_stats``), and at

@@ -47,8 +47,6 @@ STEP_PREFIX = "ProfilerStep#"
 def is_comm_op(name: str) -> bool:
     """Whether a profiler event named ``name`` is a collective (or point-to-point) op.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Args:
         name: the event's name, e.g. ``"gloo:all_reduce"`` or ``"aten::mm"``.
 
@@ -61,8 +59,6 @@ def is_comm_op(name: str) -> bool:
 @dataclass(frozen=True)
 class OpRow:
     """One row of PyTorch's per-op table (``prof.key_averages()``), times in ms.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     ``self_cpu_ms`` is the time inside the op minus the time in the ops it called;
     ``cpu_total_ms`` includes them. ``share`` is ``self_cpu_ms`` over the sum of every op's.
@@ -78,8 +74,6 @@ class OpRow:
 @dataclass(frozen=True)
 class RankProfile:
     """What ``profile_steps`` measured on one rank (picklable: return it from a rank).
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Attributes:
         rank: the rank.
@@ -133,8 +127,8 @@ def profile_steps(
 ) -> RankProfile:
     """Run ``step()`` ``wait + warmup + active`` times under torch.profiler; keep ``active``.
 
-    Introduced in notebooks/16_performance_tuning.ipynb. Call it on every rank (inside the
-    function ``lk.launch`` runs): every rank runs the same steps, so their collectives match.
+    Call it on every rank (inside the function ``lk.launch`` runs): every rank runs the same steps,
+    so their collectives match.
 
     Args:
         step: one training step (forward, backward, optimizer step), no arguments.
@@ -226,8 +220,6 @@ def _cut(a: float, b: float, holes: list[tuple[float, float]]) -> list[tuple[flo
 def trace_spans(trace: dict[str, Any], rank: int = 0) -> list[Span]:
     """A profiler trace as ``lk.trace`` spans: compute on the training thread, and comm.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Only the recorded steps count (the ``ProfilerStep#N`` events' span of time). Compute is
     each top-level op (``cat`` ``cpu_op``, or a GPU kernel) of the thread that ran the steps,
     with the collectives that thread ran inside it cut out; comm is each collective
@@ -285,8 +277,6 @@ def trace_spans(trace: dict[str, Any], rank: int = 0) -> list[Span]:
 class CommComputeRow:
     """Where one rank's recorded steps went, in ms per step, and as fractions of the step.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     ``other`` is time in neither compute nor communication: Python, data loading, waiting
     for a collective that the training thread blocks on, idle.
     """
@@ -312,8 +302,8 @@ class CommComputeRow:
 def comm_compute(profiles: Sequence[RankProfile]) -> list[CommComputeRow]:
     """Per rank: compute, communication, their overlap and the rest, ms per recorded step.
 
-    Introduced in notebooks/16_performance_tuning.ipynb. Uses ``lk.trace.Timeline`` on the
-    profiles' spans; the step time is the mean ``ProfilerStep#N`` duration.
+    Uses ``lk.trace.Timeline`` on the profiles' spans; the step time is the mean ``ProfilerStep#N``
+    duration.
 
     Args:
         profiles: every rank's ``RankProfile``, in rank order.

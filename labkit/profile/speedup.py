@@ -33,9 +33,8 @@ __all__ = ["SpeedupRow", "SpeedupTable", "amdahl_speedup", "measure_speedups"]
 def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
     """Whole-step speedup when a ``fraction`` of the step gets ``factor`` times faster.
 
-    Introduced in notebooks/16_performance_tuning.ipynb. Amdahl 1967:
-    ``1 / ((1 - f) + f / s)``; with ``s = ∞`` (the part removed or fully hidden) the bound
-    is ``1 / (1 - f)``.
+    Amdahl 1967: ``1 / ((1 - f) + f / s)``; with ``s = ∞`` (the part removed or fully hidden) the
+    bound is ``1 / (1 - f)``.
 
     Args:
         fraction: the share f of the step that is sped up, in [0, 1].
@@ -59,8 +58,6 @@ def amdahl_speedup(fraction: float, factor: float = math.inf) -> float:
 class SpeedupRow:
     """One variant: median time (s), ratio of medians vs the baseline, rounds won, worst round.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     ``wins`` counts the rounds where the baseline took longer than this variant; ``min_ratio``
     is the smallest per-round ratio baseline / variant.
     """
@@ -76,8 +73,6 @@ class SpeedupRow:
 @dataclass(frozen=True)
 class SpeedupTable:
     """Per-round times of a baseline and its variants, measured in the same run.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Attributes:
         baseline: the name of the baseline (a key of ``times``).
@@ -201,8 +196,6 @@ def measure_speedups(
     device: Any = None,
 ) -> SpeedupTable:
     """Time a baseline and each variant in interleaved rounds of the same run.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Each round calls every variant once; round i starts with variant ``i mod n`` and goes
     on in order, so no variant always runs first (or right after the same neighbour). The

@@ -41,8 +41,6 @@ LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 def is_nccl_kernel(name: str) -> bool:
     """Whether a GPU kernel named ``name`` is NCCL's (``ncclDevKernel_AllReduce_...``).
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Args:
         name: the kernel's name in the trace.
 
@@ -70,8 +68,6 @@ def _step_threads(events: list[dict[str, Any]]) -> set[tuple[Any, Any]]:
 class ThreadSplit:
     """On which CPU threads a trace's events of one kind ran.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Attributes:
         on_main: events on the thread that ran the profiled steps.
         on_other: events on any other thread.
@@ -87,8 +83,6 @@ class ThreadSplit:
 
 def collective_threads(trace: dict[str, Any], prefix: str = "gloo:") -> ThreadSplit:
     """Count the events whose name starts with ``prefix`` on the training thread and off it.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Args:
         trace: a parsed profiler trace.
@@ -122,8 +116,6 @@ def collective_threads(trace: dict[str, Any], prefix: str = "gloo:") -> ThreadSp
 class KernelSpan:
     """One GPU kernel of a trace, times in µs on the trace's clock.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Attributes:
         name: the kernel's name.
         device: the GPU's index.
@@ -143,8 +135,6 @@ class KernelSpan:
 
 def gpu_kernels(trace: dict[str, Any]) -> list[KernelSpan]:
     """The trace's GPU kernels, with the thread that launched each, by start time.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Args:
         trace: a parsed profiler trace taken with ``ProfilerActivity.CUDA``.
@@ -195,8 +185,6 @@ def _covered(a: float, b: float, union: list[tuple[float, float]]) -> float:
 class NcclOverlap:
     """NCCL's kernels against the compute kernels of one trace (one rank, one GPU).
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Attributes:
         n_nccl: NCCL kernels.
         nccl_streams: the streams they ran on.
@@ -223,8 +211,6 @@ class NcclOverlap:
 
 def nccl_overlap(trace: dict[str, Any]) -> NcclOverlap:
     """How much of NCCL's kernel time ran while backward kernels ran, read from a trace.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Args:
         trace: a parsed profiler trace of a CUDA rank (``ProfilerActivity.CUDA``).

@@ -30,8 +30,6 @@ def _num(v: Any) -> bool:
 def check_profiler_trace(trace: Any, steps: int | None = None) -> int:
     """Check a torch.profiler Chrome trace: valid events, and the recorded steps in it.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Args:
         trace: the parsed JSON (``json.load`` of the exported file).
         steps: if given, the number of ``ProfilerStep#N`` events expected.
@@ -78,8 +76,6 @@ def check_profiler_trace(trace: Any, steps: int | None = None) -> int:
 
 def merge_traces(traces: Sequence[dict[str, Any]], path: str | None = None) -> dict[str, Any]:
     """Every rank's profiler trace in one Chrome-trace file: one process per rank.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     Keeps complete and instant events of real processes (integer ``pid``); drops flow
     events and torch's string-named pseudo-processes. Threads become ``tid`` 0, 1, … in
@@ -139,8 +135,6 @@ def merge_traces(traces: Sequence[dict[str, Any]], path: str | None = None) -> d
 
 def self_times(trace: dict[str, Any]) -> dict[str, float]:
     """Self time per op name, ms, computed from the trace's events alone.
-
-    Introduced in notebooks/16_performance_tuning.ipynb.
 
     An event's self time is its duration minus the durations of the events directly nested
     in it on the same thread — what ``key_averages()`` reports as self CPU time. Only CPU

@@ -10,7 +10,6 @@ the next cell until they are told to stop.
 
 from __future__ import annotations
 
-import os
 import selectors
 import signal
 import socket
@@ -20,7 +19,7 @@ import time
 from labkit.launcher._run import LaunchRun
 from labkit.launcher._wire import FrameReader, send_msg
 from labkit.launcher.errors import clean_stack_dump
-from labkit.launcher.failure_policy import FAILURE_GRACE_S, STACK_QUIET_S, STACK_WAIT_S
+from labkit.launcher.failure_policy import FAILURE_GRACE_S
 
 
 class WorldRun(LaunchRun):
@@ -37,21 +36,21 @@ class WorldRun(LaunchRun):
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
         """Start the ranks and wait until every one has connected back (or fail)."""
-        self._start_ranks()
+        self.start_ranks()
         self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
         deadline = time.monotonic() + self.plan.timeout
         while len(self.conns) < self.plan.world_size:
             self.raise_if_broken()
             if time.monotonic() >= deadline:
-                raise self._timeout()
-            self._poll(0.1)
+                raise self.timeout_error()
+            self.poll(0.1)
         self.sel.unregister(self.listener)
         self.listener.close()
 
     # -- health ---------------------------------------------------------------------------
     def broken_ranks(self) -> list[int]:
         """Ranks that died, raised out of their serve loop, or dropped their connection."""
-        self._note_exits()
+        self.note_exits()
         return [r.rank for r in self.ranks if r.exited or r.error or r.rank in self.lost]
 
     def raise_if_broken(self) -> None:
@@ -61,7 +60,7 @@ class WorldRun(LaunchRun):
             return
         end = time.monotonic() + FAILURE_GRACE_S
         while time.monotonic() < end:  # let exit codes and other ranks' errors arrive
-            self._poll(0.05)
+            self.poll(0.05)
         for rank in broken:
             r = self.ranks[rank]
             if not r.exited and not r.error:
@@ -71,7 +70,7 @@ class WorldRun(LaunchRun):
                     "frames": [],
                     "exception": "ConnectionError: rank lost its connection to the kernel\n",
                 }
-        raise self._fail()
+        raise self.rank_error()
 
     # -- requests -------------------------------------------------------------------------
     def send(self, rank: int, msg: dict) -> None:
@@ -82,25 +81,14 @@ class WorldRun(LaunchRun):
 
     def interrupt(self, ranks: list[int]) -> None:
         """Send SIGINT to these ranks (a KeyboardInterrupt in the cell they are running)."""
-        self._signal([self.pids[r] for r in ranks], signal.SIGINT)
+        self.signal_ranks([self.pids[r] for r in ranks], signal.SIGINT)
 
     def stacks(self, ranks: list[int]) -> dict[int, str]:
         """Ask these ranks for their Python stacks (faulthandler, SIGUSR1) and collect them."""
         live = [self.ranks[r] for r in ranks if not self.ranks[r].exited]
         for r in live:
-            r.stack = b""
-        self._signal([self.pids[r.rank] for r in live], signal.SIGUSR1)
-        # A dump arrives in pieces: wait until each has written and then been quiet a while.
-        now = time.monotonic()
-        end, last_growth, seen = now + STACK_WAIT_S, now, 0
-        while now < end:
-            self._poll(0.05)
-            now = time.monotonic()
-            total = sum(len(r.stack) for r in live)
-            if total != seen:
-                seen, last_growth = total, now
-            elif all(r.stack for r in live) and now - last_growth >= STACK_QUIET_S:
-                break
+            r.stack = b""  # a dump of an earlier cell
+        self.collect_stacks(live)
         return {r.rank: _clean(r.stack.decode(errors="replace")) for r in live}
 
     def zygote_gone(self) -> bool:
@@ -119,43 +107,22 @@ class WorldRun(LaunchRun):
             # /proc) leaves no stale report behind that a later rank with a reused pid could
             # be mistaken for. The zygote reports only between the imports it warms up when
             # idle, so a world stopped in its first seconds may take a second or two.
-            self._wait_exits(grace_s)
+            self.wait_exits(grace_s)
         finally:
-            self._cleanup()
+            self.cleanup()
             for conn in self.conns.values():
                 conn.close()
             self.listener.close()
 
     # -- the loop -------------------------------------------------------------------------
-    def _poll(self, timeout: float) -> None:
-        for key, _ in self.sel.select(timeout):
-            kind, r = key.data
-            if kind == "listen":
-                self._accept()
-            elif kind in ("hello", "cell"):
-                self._read_conn(key.fileobj, kind, r)
-            elif kind == "zygote":
-                self.zygote.pump()
-                self._note_exits()
-            else:
-                self._read_rank_fd(key, kind, r)
-
-    def _read_rank_fd(self, key, kind: str, r) -> None:
-        try:
-            data = r.ctrl.recv(1 << 20) if kind == "ctrl" else os.read(key.fd, 1 << 16)
-        except OSError:
-            data = b""
-        if not data:
-            self.sel.unregister(key.fileobj)
-            if kind in ("out", "err"):
-                self.relay.close(r.rank, kind)
-        elif kind == "ctrl":
-            for msg in r.frames.feed(data):
-                self._on_message(r, msg)
-        elif kind == "stk":
-            r.stack += data
+    def on_ready(self, key, kind: str, r) -> None:
+        """Also handle the listener and the per-rank cell connections."""
+        if kind == "listen":
+            self._accept()
+        elif kind in ("hello", "cell"):
+            self._read_conn(key.fileobj, kind, r)
         else:
-            self.relay.feed(r.rank, kind, data)
+            super().on_ready(key, kind, r)
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()

@@ -96,24 +96,15 @@ class _ShortTraceback:
 
 
 class CellError(_ShortTraceback, RankError):
-    """A cell raised on one or more ranks; the world is still usable.
-
-    Introduced in tests/notebooks/ranks_magic.ipynb.
-    """
+    """A cell raised on one or more ranks; the world is still usable."""
 
 
 class CellTimeout(_ShortTraceback, LaunchTimeout):
-    """A cell did not finish within its timeout; the world was stopped.
-
-    Introduced in tests/notebooks/ranks_magic.ipynb.
-    """
+    """A cell did not finish within its timeout; the world was stopped."""
 
 
 class WorldStopped(_ShortTraceback, RankError):
-    """A rank of the world died during a cell; the world was stopped.
-
-    Introduced in tests/notebooks/ranks_magic.ipynb.
-    """
+    """A rank of the world died during a cell; the world was stopped."""
 
 
 def stopped_error(

@@ -40,8 +40,6 @@ _current: World | None = None
 class World:
     """``world_size`` ranks that stay up, each keeping its variables between cells.
 
-    Introduced in tests/notebooks/ranks_magic.ipynb (usage: docs/ranks.md).
-
     Every rank's namespace starts with ``rank``, ``world_size``, ``torch``, ``dist``
     (``torch.distributed``, default group initialised) and ``lk``. The newest world is the
     one the ``%%ranks`` magic uses. ``close()``, ``lk.shutdown()``, interpreter exit and the
@@ -250,7 +248,7 @@ class World:
                         self._broken(run)
                     if time.monotonic() >= deadline:
                         self._timed_out(run, list(msgs), sorted(set(msgs) - set(got)), timeout)
-                    run._poll(min(0.2, max(0.0, deadline - time.monotonic())))
+                    run.poll(min(0.2, max(0.0, deadline - time.monotonic())))
             except ZygoteError:
                 self._zygote_died()
             except KeyboardInterrupt:
@@ -291,7 +289,7 @@ class World:
         while time.monotonic() < end and not run.broken_ranks():
             if all(run.replies.get(r, {}).get("id") == rid for r in msgs):
                 return
-            run._poll(0.05)
+            run.poll(0.05)
         self._close(0.0)
 
 

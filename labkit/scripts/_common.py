@@ -65,8 +65,6 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 def init(backend: str = "auto", timeout_s: float = 120.0) -> Env:
     """Join the job torchrun started: deterministic settings, device, process group.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         backend: ``"auto"`` (``labkit.launcher.device_rule``: CUDA when every host of the
             job has a GPU per worker, else the CPU, for every rank alike) or a name.

@@ -108,8 +108,6 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace, world_size: int
 def main(argv: list[str] | None = None) -> int:
     """Train in ``--mode``, print updates, staleness, losses and the checksum; return 0.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         argv: command-line arguments (None: ``sys.argv[1:]``).
 

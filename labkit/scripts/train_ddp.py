@@ -176,8 +176,6 @@ def _step(args, env, ddp, opt, batches, scaler, done: list[int]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Train, print the final parameter checksum, save it to ``--out``; return 0.
 
-    Introduced in notebooks/06_data_parallel.ipynb.
-
     Args:
         argv: command-line arguments (None: ``sys.argv[1:]``).
 

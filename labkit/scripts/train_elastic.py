@@ -53,8 +53,6 @@ from labkit.scripts import _common
 def main(argv: list[str] | None = None) -> int:
     """Train with checkpoints, resuming from the newest one; return the exit code.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         argv: command-line arguments (None: ``sys.argv[1:]``).
 

@@ -77,8 +77,6 @@ def _parser() -> argparse.ArgumentParser:
 def plan(args, world_size: int) -> tuple[Strategy, RunConfig]:
     """The strategy and run of the parsed options on ``world_size`` ranks.
 
-    Introduced in notebooks/17_capstone.ipynb.
-
     Args:
         args: ``train_gpt``'s parsed options.
         world_size: the job's ranks (torchrun's ``WORLD_SIZE``).
@@ -111,8 +109,6 @@ def plan(args, world_size: int) -> tuple[Strategy, RunConfig]:
 
 def main(argv: list[str] | None = None) -> int:
     """Train under ``--strategy``, print losses, throughput, bytes and the checksum; return 0.
-
-    Introduced in notebooks/17_capstone.ipynb.
 
     Args:
         argv: command-line arguments (None: ``sys.argv[1:]``).

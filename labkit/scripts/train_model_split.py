@@ -59,10 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def build(args) -> models.MLP:
-    """The MLP of the parsed options (the same weights for the same seed on every rank).
-
-    Introduced in notebooks/10_model_parallel.ipynb.
-    """
+    """The MLP of the parsed options (the same weights for the same seed on every rank)."""
     if args.n_linear < 1 or args.hidden < 1:
         raise ValueError(f"need n_linear >= 1 and hidden >= 1, got {args.n_linear}, {args.hidden}")
     hidden = (args.hidden,) * (args.n_linear - 1)
@@ -71,8 +68,6 @@ def build(args) -> models.MLP:
 
 def stages_of(model: models.MLP, world_size: int, bounds: str | None) -> list[nn.Sequential]:
     """``model``'s layers cut into ``world_size`` stages, evenly or at ``bounds`` ("0,3,7").
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Raises:
         ValueError: more stages than layers, or bounds that do not cut the model into
@@ -92,8 +87,6 @@ def stages_of(model: models.MLP, world_size: int, bounds: str | None) -> list[nn
 def batch(ds, step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``size`` samples of step ``step``: epochs of a seeded shuffle, the last partial
     batch of each epoch dropped (the same on every rank).
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         ds: a ``TensorDataset`` of (x, label).
@@ -116,8 +109,6 @@ def batch(ds, step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tens
 
 def main(argv: list[str] | None = None) -> int:
     """Train the split MLP, print per-rank traffic and bytes and the checksum; return 0.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         argv: command-line arguments (None: ``sys.argv[1:]``).

@@ -44,8 +44,6 @@ def _jsonable(value: Any) -> Any:
 def to_chrome_trace(timeline: SpanTimeline, path: str | None = None) -> dict[str, Any]:
     """Chrome-trace JSON of ``timeline``: one process per rank, compute/comm/idle lanes.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         timeline: the merged timeline (``lk.trace.Timeline.merge``).
         path: also write the JSON there (open it at https://ui.perfetto.dev).
@@ -130,8 +128,6 @@ def _event_problems(i: int, e: Any) -> list[str]:
 
 def check_chrome_trace(trace: Any, world_size: int | None = None) -> None:
     """Check that ``trace`` is Chrome-trace JSON Perfetto can load (and ranks are processes).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         trace: the parsed JSON (a dict with ``traceEvents``; a bare list of events is also

@@ -27,8 +27,6 @@ __all__ = ["ModuleTracer", "trace_modules"]
 class ModuleTracer:
     """The hooks ``trace_modules`` installed; ``remove()`` takes them off again.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
-
     Attributes:
         names: the traced submodules' names, in registration order.
     """
@@ -90,8 +88,6 @@ class ModuleTracer:
 
 def trace_modules(module: Any, names: list[str] | None = None) -> ModuleTracer:
     """Record a compute span for every forward and backward of ``module``'s children.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         module: a ``torch.nn.Module``.

@@ -39,8 +39,6 @@ COMM = "comm"
 def clock_ns() -> int:
     """Nanoseconds on the clock shared by every process of this host (spans and records).
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Returns:
         ``time.perf_counter_ns()``: monotonic, system-wide on Linux and macOS.
     """
@@ -49,8 +47,6 @@ def clock_ns() -> int:
 
 def sync_device(device: Any) -> None:
     """Wait for the work queued on ``device`` if it is a GPU, so a host clock measures it.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     PyTorch's CUDA semantics notes ("Asynchronous execution"): "time measurements without
     synchronizations are not accurate", so call ``torch.cuda.synchronize()`` before measuring;
@@ -126,8 +122,6 @@ def current_rank() -> int:
 def span(name: str, kind: str = COMPUTE, *, device: Any = None, **args: Any) -> Iterator[None]:
     """Record the time the ``with`` block takes as one span of this rank.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         name: what the block does, e.g. ``"forward"``.
         kind: ``"compute"`` (default), ``"comm"``, or a word of your own (drawn as compute).
@@ -176,8 +170,6 @@ def _comm_spans() -> list[Span]:
 def events() -> list[Span]:
     """This rank's spans since the last ``reset()``, communication included, by start time.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Return the list from the function ``lk.launch`` runs, and give every rank's list to
     ``lk.trace.Timeline.merge``. Communication spans come from the recording backend
     (``backend="labkit_record"`` or ``lk.backends.recording.spec(...)``); operations still
@@ -191,8 +183,6 @@ def events() -> list[Span]:
 
 def reset() -> None:
     """Forget this rank's spans so far (e.g. after a warm-up step), recorded ops included.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     The recording backend keeps its own records (``lk.backends.recording.records()``);
     ``events()`` only stops showing those that started before this call.

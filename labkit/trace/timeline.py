@@ -80,8 +80,6 @@ class RankSummary:
 class Timeline:
     """Spans of every rank on one axis (ns from the first span), with idle gaps per rank.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Attributes:
         spans: every span, ``rank`` set to its index in the merged list, times shifted.
         world_size: number of ranks merged.
@@ -103,8 +101,6 @@ class Timeline:
         offsets_ns: Sequence[int] | None = None,
     ) -> Timeline:
         """Put every rank's spans on one time axis and find each rank's idle gaps.
-
-        Introduced in notebooks/04_custom_backend.ipynb.
 
         Args:
             per_rank_events: ``per_rank_events[r]`` is what ``lk.trace.events()`` returned
@@ -152,8 +148,6 @@ class Timeline:
     def summary(self) -> list[RankSummary]:
         """Per rank: seconds of compute, communication, their overlap, and idle time.
 
-        Introduced in notebooks/04_custom_backend.ipynb.
-
         Returns:
             list[RankSummary]: one row per rank, in rank order.
         """
@@ -175,8 +169,6 @@ class Timeline:
 
     def to_chrome_trace(self, path: str | None = None) -> dict[str, Any]:
         """This timeline as Chrome-trace JSON (opens in Perfetto and chrome://tracing).
-
-        Introduced in notebooks/04_custom_backend.ipynb.
 
         Args:
             path: also write the JSON to this file (default: only return it).

@@ -20,8 +20,6 @@ from typing import Any
 def enable_inline_figures(shell: Any = None) -> bool:
     """Let an IPython kernel display a returned ``Figure`` as a PNG, without pyplot.
 
-    Introduced in notebooks/02_collectives.ipynb.
-
     Args:
         shell: the IPython shell (default: the running one, if any).
 

@@ -64,8 +64,6 @@ def message_diagram(messages: Sequence[Any], title: str = "", *, show_sizes: boo
     from its sender's line to its receiver's, in the sender's colour, labelled with its
     number of elements. Phases (e.g. reduce-scatter, all-gather) are named above.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         messages: one entry per rank: a ``CommStats`` or a list of ``Message`` (anything
             with ``direction``, ``peer``, ``numel``, ``phase`` and ``step``); peers are ranks
@@ -140,8 +138,6 @@ def traffic_per_rank(
 ) -> Figure:
     """Bar charts of the messages and bytes each rank sent, one bar group per rank.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         counted: algorithm → one dict per rank with ``messages_sent`` and ``bytes_sent``
             (``CommStats.summary()``).
@@ -197,8 +193,6 @@ def allreduce_times(
     title: str = "",
 ) -> Figure:
     """Measured all-reduce time against message size, and each algorithm's ratio to a reference.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
 
     Args:
         sizes_bytes: the message sizes in bytes.

@@ -37,8 +37,6 @@ def _points(log: Any, x: str) -> tuple[list[float], list[float]]:
 def sgd_loss_curves(runs: Mapping[str, Any], title: str = "", log_y: bool = True) -> Figure:
     """Evaluation loss against wall time (left) and against updates (right), one line per run.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         runs: label → the rank-0 ``TrainLog`` of a run.
         title: the figure's title.
@@ -76,8 +74,6 @@ def sgd_loss_curves(runs: Mapping[str, Any], title: str = "", log_y: bool = True
 
 def staleness_histogram(runs: Mapping[str, Any], title: str = "") -> Figure:
     """Bars: the share of updates with each staleness, side by side per run; mean in the legend.
-
-    Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Args:
         runs: label → a ``TrainLog`` with ``staleness`` per update (asynchronous runs).

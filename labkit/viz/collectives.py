@@ -65,8 +65,6 @@ def value_origins(before: Sequence[Any], after: Sequence[Any]) -> list[list[int 
     recognisable inputs (rank r holds ``[10r, 10r+1]``) this shows where data travelled,
     which lets a notebook count the elements a rank received from the others.
 
-    Introduced in notebooks/02_collectives.ipynb.
-
     Args:
         before: one entry per rank: a 1-D tensor, a list of numbers, or ``None`` (no data).
         after: the same after the collective.
@@ -162,8 +160,6 @@ def collective_diagram(
     colour (see ``value_origins``), and a combined value (a reduction) is drawn grey. Before
     and after may differ in length (gather, scatter, all_gather, reduce_scatter); ``None``
     marks a rank with no buffer on that side (e.g. non-root ranks of gather).
-
-    Introduced in notebooks/02_collectives.ipynb.
 
     Args:
         name: the collective, e.g. ``"all_reduce"``; shown in the title.

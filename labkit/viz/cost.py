@@ -51,8 +51,6 @@ def predicted_vs_measured(
 ) -> Figure:
     """Measured time (points) and the model's prediction (lines) per size, and their ratio.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         series: label (e.g. the backend) → (rows of one collective on one world size, the
             ``Network`` whose α and β predict them, e.g. fitted on that backend's p2p).
@@ -108,8 +106,6 @@ def algbw_busbw(rows_by_label: Mapping[str, Sequence[Any]], title: str = "") -> 
     nccl-tests ``doc/PERFORMANCE.md``: busbw = algbw · factor(p) is comparable with the
     link's peak whatever p; algbw is not.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         rows_by_label: label → rows (``n_bytes``, ``algbw_gbps``, ``busbw_gbps``).
         title: the figure's title.
@@ -148,8 +144,6 @@ def what_if_scaling(
     title: str = "",
 ) -> Figure:
     """Predicted time of one collective against the number of ranks, per algorithm.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         collective: as ``lk.costmodel.predict``.
@@ -191,8 +185,6 @@ def algorithm_crossover(
     title: str = "",
 ) -> Figure:
     """Two algorithms' predicted time against size, with the crossover size n* marked.
-
-    Introduced in notebooks/05_communication_cost.ipynb.
 
     Args:
         collective: as ``lk.costmodel.predict``.

@@ -37,8 +37,6 @@ def predicted_time_sweep(
 ) -> Figure:
     """Predicted time against size for each algorithm; measured rows as points.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         collective: as ``lk.costmodel.predict``.
         world_size: number of ranks p of the prediction.

@@ -29,8 +29,6 @@ def bucket_size_sweep(
 ) -> Figure:
     """Step time (ms) against the bucket cap (MiB, log scale), one line per label.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
-
     Args:
         caps_mb: the ``bucket_cap_mb`` values swept (> 0).
         step_s: label (e.g. ``"gloo"``, ``"simulated 1 GbE"``) → step time per cap, seconds.
@@ -92,8 +90,6 @@ def comm_hook_tradeoff(
     title: str | None = None,
 ) -> Figure:
     """Two bar charts side by side: bytes all-reduced per step, and accuracy, per comm hook.
-
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
 
     Args:
         names: the hooks, e.g. ``["allreduce (default)", "fp16", "PowerSGD r=2"]``; the

@@ -26,8 +26,6 @@ def resume_timeline(
     (the work a kill costs). Bit-identical resumption shows as the resumed markers sitting
     exactly on the uninterrupted line.
 
-    Introduced in notebooks/15_fault_tolerance.ipynb.
-
     Args:
         reference_losses: loss of steps 1, 2, ... of the uninterrupted run.
         resumed_losses: loss of steps ``resumed_from + 1``, ... of the resumed run.

@@ -40,8 +40,6 @@ def zero_memory_breakdown(
     P_os, P_os+g and P_os+g+p divide the optimizer states, then the gradients, then the
     parameters by N_d.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         breakdowns: ``labkit.memory.MemoryBreakdown`` s, e.g. one per stage for one model and
             DP degree.

@@ -43,8 +43,8 @@ def plan_breakdown(
 ) -> Figure:
     """Two panels for the first ``top`` plans: step time by part, memory per device by kind.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb. Plans that break a divisibility rule
-    (no numbers) are skipped; plans over the memory budget are hatched.
+    Plans that break a divisibility rule (no numbers) are skipped; plans over the memory budget are
+    hatched.
 
     Args:
         plans: ``labkit.planner.Plan`` s, best first (as ``plan`` returns them).

@@ -29,8 +29,6 @@ def stage_memory(
 ) -> Figure:
     """Stacked bars of each stage's bytes (parameters, gradients, optimizer, activations).
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     Args:
         measured: split name → one ``StageMemory`` per stage (counted tensors); one panel
             per split, side by side on a shared axis.

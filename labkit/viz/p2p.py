@@ -30,8 +30,6 @@ def _model_sizes(lo: float, hi: float, n: int = 200) -> list[float]:
 def p2p_latency_bandwidth(results: Sequence[Any], fit: Any = None, title: str = "") -> Figure:
     """Plot one-way time and bandwidth against message size (log axes), with the fit's curves.
 
-    Introduced in notebooks/01_point_to_point.ipynb.
-
     Args:
         results: rows with ``n_bytes``, ``time_s`` (median) and ``algbw_gbps``, and
             optionally ``time_min_s`` (drawn as hollow markers when it differs), e.g. the

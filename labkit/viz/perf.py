@@ -20,8 +20,6 @@ __all__ = ["speedup_bars"]
 def speedup_bars(table: Any, title: str | None = None) -> Figure:
     """Speedup of each change vs the baseline, with its worst round marked.
 
-    Introduced in notebooks/16_performance_tuning.ipynb.
-
     Args:
         table: a ``lk.profile.SpeedupTable`` (anything with ``baseline`` and ``rows()``
             giving ``name``, ``median_s``, ``ratio`` and ``min_ratio``).

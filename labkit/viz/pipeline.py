@@ -70,8 +70,6 @@ def schedule_grid(
 ) -> Figure:
     """Draw a schedule: ranks × time slots, F and B coloured and labelled, bubbles blank.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     The picture of GPipe's Fig. 2 (Huang et al. 2019) and 1F1B's Fig. 4 (Narayanan et al.
     2021), from the schedule data itself.
 
@@ -103,8 +101,6 @@ def schedule_vs_timeline(
     schedule: Sequence[Sequence[Any]], timeline: Any, title: str | None = None
 ) -> Figure:
     """The planned schedule (left) next to the per-rank spans measured while running it (right).
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Args:
         schedule: per rank, one ``Action`` or ``None`` per slot.

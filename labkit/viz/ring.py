@@ -39,8 +39,6 @@ def ring_allreduce_step(trace: Any, frame: int) -> Figure:
     ``frame`` 0 shows the inputs, frame k ≥ 1 the buffers after step k of 2(p−1), with the
     chunk each rank sent and received in that step.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         trace: a ``RingTrace`` from ``lk.collectives.ring_trace.trace_ring_allreduce``.
         frame: 0 … ``len(trace.steps)``.

@@ -24,8 +24,6 @@ _HALF = 0.38  # half-lane height
 def timeline(tl: Any, title: str | None = None, label_ops: bool = True) -> Figure:
     """Per-rank lanes of compute, communication and idle time, from a merged timeline.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         tl: a ``lk.trace.Timeline`` (``lk.trace.Timeline.merge(per_rank_events)``).
         title: the figure title (default: a summary of the world size and span).

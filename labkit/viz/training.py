@@ -21,8 +21,6 @@ def lr_schedule(
 ) -> Figure:
     """Plot learning rate against optimizer step, one line per schedule.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         curves: label → learning rate at steps 0, 1, ... (e.g. read from
             ``optimizer.param_groups[0]["lr"]`` before each ``scheduler.step()``).
@@ -75,8 +73,6 @@ def loss_curves(
     reference: str | None = None,
 ) -> Figure:
     """Plot per-step losses of several runs (moving average over ``window`` steps), log y axis.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         curves: label → loss at each step.

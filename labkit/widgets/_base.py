@@ -16,10 +16,7 @@ __all__ = ["Explorer"]
 
 
 class Explorer:
-    """Base of the explorers: ``figure`` and ``text`` hold what the last callback produced.
-
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-    """
+    """Base of the explorers: ``figure`` and ``text`` hold what the last callback produced."""
 
     def __init__(self) -> None:
         self.figure: Any = None
@@ -40,6 +37,16 @@ class Explorer:
             self._ui = widgets.VBox([*controls, self._html, self._out])
             self._redraw()
         return self._ui
+
+    def widget(self) -> Any:
+        """``ui`` with this explorer attached as its ``explorer`` attribute.
+
+        Returns:
+            The ipywidgets container, as the ``*_explorer`` functions return it.
+        """
+        box = self.ui
+        box.explorer = self
+        return box
 
     def _controls(self, widgets: Any) -> list[Any]:
         raise NotImplementedError

@@ -29,8 +29,6 @@ def _size_text(n: float) -> str:
 class CostExplorer(Explorer):
     """Predicted time of one collective, and its curve against size, from the α-β model.
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         network: a preset name of ``lk.costmodel.PRESETS`` or a ``Network`` (e.g. fitted
             with ``lk.costmodel.fit`` on this machine).
@@ -180,8 +178,6 @@ def cost_explorer(
 
     Thakur, Rabenseifner and Gropp 2005 (the formulas of ``lk.costmodel``).
 
-    Introduced in notebooks/05_communication_cost.ipynb.
-
     Args:
         network: a preset name or a ``Network``.
         world_size: number of ranks.
@@ -196,7 +192,4 @@ def cost_explorer(
     Raises:
         ValueError: as ``CostExplorer``.
     """
-    explorer = CostExplorer(network, world_size, n_bytes, algorithm, collective, measured)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return CostExplorer(network, world_size, n_bytes, algorithm, collective, measured).widget()

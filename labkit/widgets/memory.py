@@ -20,8 +20,6 @@ __all__ = ["ZeroMemoryExplorer", "zero_memory_explorer"]
 class ZeroMemoryExplorer(Explorer):
     """Per-device parameters, gradients and optimizer states under each ZeRO stage.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         n_params: Ψ, the number of parameters (default: the paper's 7.5B example).
         dp_degree: N_d, the data-parallel degree.
@@ -110,8 +108,6 @@ def zero_memory_explorer(
 
     ZeRO, Rajbhandari et al. 2020, Figure 1 (its defaults: Ψ = 7.5B, N_d = 64, K = 12).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         n_params: Ψ.
         dp_degree: N_d.
@@ -124,7 +120,4 @@ def zero_memory_explorer(
     Raises:
         ValueError: as ``lk.memory.zero_memory``.
     """
-    explorer = ZeroMemoryExplorer(n_params, dp_degree, stage, device_gb=device_gb)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return ZeroMemoryExplorer(n_params, dp_degree, stage, device_gb=device_gb).widget()

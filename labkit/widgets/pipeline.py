@@ -43,8 +43,6 @@ def _build(name: str, p: int, m: int, v: int) -> tuple[Schedule, int, int]:
 class PipelineExplorer(Explorer):
     """A pipeline schedule as a grid, with its bubble measured and predicted.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         n_stages: pipeline ranks p.
         n_microbatches: micro-batches m (a multiple of p for the interleaved schedule).
@@ -139,8 +137,6 @@ def pipeline_explorer(
 
     GPipe (Huang et al. 2019, §2.3), 1F1B and interleaved 1F1B (Narayanan et al. 2021, §2).
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         n_stages: pipeline ranks p.
         n_microbatches: micro-batches m.
@@ -153,7 +149,4 @@ def pipeline_explorer(
     Raises:
         ValueError: as ``PipelineExplorer``.
     """
-    explorer = PipelineExplorer(n_stages, n_microbatches, schedule, n_virtual)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return PipelineExplorer(n_stages, n_microbatches, schedule, n_virtual).widget()

@@ -22,8 +22,6 @@ __all__ = ["PlannerExplorer", "planner_explorer"]
 class PlannerExplorer(Explorer):
     """The planner's table and bars for one model, device count and network.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
-
     Args:
         model: the ``ModelSpec`` (default: a 7B GPT-like model, 32 layers, h = 4096).
         devices: the ``DeviceSpec`` (default: 8 devices of 80 GB at 300 TFLOP/s sustained).
@@ -146,8 +144,6 @@ def planner_explorer(
 ) -> Any:
     """An ipywidgets explorer of the parallelism planner (``labkit.planner.plan``).
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb.
-
     Args:
         model: the ``ModelSpec`` (default: a 7B GPT-like model).
         devices: the ``DeviceSpec`` (default: 8 × 80 GB).
@@ -160,7 +156,4 @@ def planner_explorer(
     Raises:
         PlanError: as ``plan``.
     """
-    explorer = PlannerExplorer(model, devices, network, mixed_precision)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return PlannerExplorer(model, devices, network, mixed_precision).widget()

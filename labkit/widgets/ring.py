@@ -23,8 +23,6 @@ __all__ = ["RingStepper", "ring_stepper"]
 class RingStepper(Explorer):
     """Ring all-reduce on ``world_size`` simulated ranks of ``n_elements`` integers each.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         world_size: number of simulated ranks p (1 to 16).
         n_elements: elements per rank (chunks differ by one when p does not divide it).
@@ -120,8 +118,6 @@ def ring_stepper(world_size: int = 4, n_elements: int = 8, seed: int = 0) -> Any
 
     Thakur, Rabenseifner and Gropp 2005, §4: reduce-scatter, then all-gather, 2(p−1) steps.
 
-    Introduced in notebooks/03_allreduce_algorithms.ipynb.
-
     Args:
         world_size: number of simulated ranks.
         n_elements: elements per rank.
@@ -134,7 +130,4 @@ def ring_stepper(world_size: int = 4, n_elements: int = 8, seed: int = 0) -> Any
     Raises:
         ValueError: as ``RingStepper``.
     """
-    explorer = RingStepper(world_size, n_elements, seed)
-    box = explorer.ui
-    box.explorer = explorer
-    return box
+    return RingStepper(world_size, n_elements, seed).widget()

@@ -36,8 +36,6 @@ MAX_CACHED = 64  # chunk lengths whose views a group keeps (DDP uses a handful o
 class SlotViews:
     """The slots cut for chunks of ``m`` elements: rows and pieces, per buffer and rank.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     ``row[b][r]`` is rank r's slot in buffer b (``m`` elements), ``piece[b][r][j]`` its piece
     j (``bounds[j]``); ``before[b]`` / ``after[b]`` are this rank's slot around its own piece.
     """
@@ -65,8 +63,6 @@ def slot_views(ex: Exchange, dtype: torch.dtype, m: int) -> SlotViews:
 
 def all_reduce(ex: Exchange, flat: torch.Tensor, op: str, desc: OpDesc) -> None:
     """Reduce ``flat`` across ranks in place (one-shot or reduce-scatter + all-gather).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         ex: the group's exchange (slots, rounds).

@@ -38,10 +38,7 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class CollectiveCalls:
-    """The collectives of ``ShmProcessGroup`` (which provides ``_desc``, ``_run``, ...).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """The collectives of ``ShmProcessGroup`` (which provides ``_desc``, ``_run``, ...)."""
 
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: reduce ``tensors[0]`` in place on every rank."""

@@ -31,10 +31,7 @@ ONE_SHOT_RANKS = 3
 
 
 class Exchange:
-    """The slots of the current round and its ``arrive``, for one group.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """The slots of the current round and its ``arrive``, for one group."""
 
     def __init__(self, seg, rounds, one_shot_bytes: int) -> None:
         self.seg = seg

@@ -51,8 +51,6 @@ class MismatchError(RuntimeError):
 class OpDesc:
     """One rank's description of the collective it is calling.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Attributes:
         kind: the collective, one of ``KINDS``.
         seq: its number among this group's collectives, from 1.
@@ -96,8 +94,6 @@ def _show(d: OpDesc, keys: list[str]) -> str:
 
 def check_descriptors(descs: list[OpDesc]) -> None:
     """Raise the same error on every rank when the descriptors disagree; else return.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         descs: every rank's descriptor, in rank order.

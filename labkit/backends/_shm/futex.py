@@ -71,8 +71,6 @@ def timespec(seconds: float):
 def wait(addr: int, seen: int, timeout) -> None:
     """Sleep until the 32-bit word at ``addr`` is woken, if it still holds ``seen``.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Returns after a ``wake``, after ``timeout``, at once if the word no longer holds ``seen``,
     or on a signal: the caller always looks at the word again.
 
@@ -95,8 +93,6 @@ def wait(addr: int, seen: int, timeout) -> None:
 
 def wake(addr: int) -> None:
     """Wake every process sleeping in ``wait`` on the word at ``addr`` (cheap if none).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         addr: address of the word the caller has just stored to.

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.backends._pg_util import (
+    REDUCE_OPS,
     PythonProcessGroup,
     completed_work,
     describe,
@@ -47,8 +48,6 @@ def _exchange_pids(store, rank: int, world_size: int, timeout: timedelta) -> lis
 
 class ShmProcessGroup(CollectiveCalls, PythonProcessGroup):
     """A process group whose ranks on one host exchange data through shared memory.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         store: the group's store (c10d passes a PrefixStore); carries the segment's name
@@ -91,13 +90,13 @@ class ShmProcessGroup(CollectiveCalls, PythonProcessGroup):
         return desc
 
     def _reduction(self, desc: OpDesc, reduce_op, dtype: torch.dtype) -> str:
-        try:
-            op = reduce_op_name(reduce_op)
-        except ValueError as exc:
-            desc.error = desc.error or str(exc)
+        op = reduce_op_name(reduce_op)
+        error = reduction_error(op, dtype)
+        if op not in REDUCE_OPS.values():  # nothing to run it with: fails on every rank
+            desc.error = desc.error or error
             return "sum"
         desc.common["op"] = op
-        desc.error = desc.error or reduction_error(op, dtype) or ""
+        desc.error = desc.error or error or ""
         return op
 
     def _run(self, desc: OpDesc, fn, result) -> dist.Work:

@@ -36,10 +36,7 @@ def _align(x: int, to: int = LINE) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Byte offsets of every region of a segment for ``world_size`` ranks.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """Byte offsets of every region of a segment for ``world_size`` ranks."""
 
     world_size: int
     slot_bytes: int  # C: one data buffer of one rank

@@ -59,11 +59,8 @@ def dtype_of(code: int) -> str:
     return str(DTYPES[code]).removeprefix("torch.") if 0 <= code < len(DTYPES) else "?"
 
 
-class OutBox:
-    """This rank's end of the ring to ``dst``: writes messages.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+class MailboxEnd:
+    """One end of the ring ``src`` → ``dst`` in a segment: its bytes and its two counters."""
 
     def __init__(self, seg, src: int, dst: int) -> None:
         lay = seg.layout
@@ -72,6 +69,13 @@ class OutBox:
         self.base = lay.mailbox_at(src, dst)
         self.cap = lay.mail_bytes
         self.w_written, self.w_read = lay.wr_word(src, dst), lay.rd_word(src, dst)
+
+
+class OutBox(MailboxEnd):
+    """This rank's end of the ring to ``dst``: writes messages."""
+
+    def __init__(self, seg, src: int, dst: int) -> None:
+        super().__init__(seg, src, dst)
         self.written = self.ctl[self.w_written]
         self.count = 0  # messages started
 
@@ -108,19 +112,11 @@ class OutBox:
         return moved
 
 
-class InBox:
-    """This rank's end of the ring from ``src``: reads headers and bytes.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+class InBox(MailboxEnd):
+    """This rank's end of the ring from ``src``: reads headers and bytes."""
 
     def __init__(self, seg, src: int, dst: int) -> None:
-        lay = seg.layout
-        self.mm, self.ctl = seg.mm, seg.ctl
-        self.ring = seg.mailbox(src, dst)
-        self.base = lay.mailbox_at(src, dst)
-        self.cap = lay.mail_bytes
-        self.w_written, self.w_read = lay.wr_word(src, dst), lay.rd_word(src, dst)
+        super().__init__(seg, src, dst)
         self.read = self.ctl[self.w_read]
         self.current = None  # the message being received: an Incoming
 

@@ -74,10 +74,7 @@ class _Incoming:
 
 
 class PointToPoint:
-    """Pending sends and recvs of one group and the thread that moves them.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """Pending sends and recvs of one group and the thread that moves them."""
 
     def __init__(self, seg, rank: int, watch, timeout_s: float) -> None:
         n = seg.layout.world_size

@@ -34,10 +34,7 @@ PREFIX = "labkit-shm-"
 
 
 class Segment:
-    """One mapped segment: the int64 control words and uint8 tensors over the data regions.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """One mapped segment: the int64 control words and uint8 tensors over the data regions."""
 
     def __init__(self, mm: mmap.mmap, layout: Layout, name: str) -> None:
         self.mm = mm
@@ -157,8 +154,6 @@ def _attach(name: str, layout: Layout) -> mmap.mmap:
 
 def open_segment(store, rank: int, world_size: int, timeout: timedelta, watch) -> Segment:
     """Create (rank 0) or attach (others) the group's segment, then unlink its name.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         store: the group's store (a PrefixStore), used for the name and the pids.

@@ -73,10 +73,7 @@ def _process_gone(pid: int) -> bool:
 
 
 class PeerWatch:
-    """Knows every rank's pid and tells whether a rank's process is gone.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """Knows every rank's pid and tells whether a rank's process is gone."""
 
     def __init__(self, rank: int, pids: list[int]) -> None:
         self.rank = rank
@@ -100,10 +97,7 @@ class PeerWatch:
 
 
 class Waiter:
-    """Backoff for one wait: spin, then yield, then sleep; ``pause()`` says when to check.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """Backoff for one wait: spin, then yield, then sleep; ``pause()`` says when to check."""
 
     __slots__ = ("start", "next_check", "sleep")
 
@@ -128,10 +122,7 @@ class Waiter:
 
 
 class Rounds:
-    """The round counters of one group: ``arrive`` signals and waits for every peer.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
-    """
+    """The round counters of one group: ``arrive`` signals and waits for every peer."""
 
     def __init__(self, seg, rank: int, watch: PeerWatch, timeout_s: float) -> None:
         self.seg = seg

@@ -56,8 +56,6 @@ _state: dict = {}  # "extension": the loaded module, "info": its BuildInfo
 def build(verbose: bool = False) -> ModuleType:
     """Compile (if needed) and load the C++ extension; once per process, thread- and rank-safe.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Args:
         verbose: show cpp_extension's build log (compiler command lines).
 
@@ -83,8 +81,6 @@ def build(verbose: bool = False) -> ModuleType:
 def build_info() -> BuildInfo:
     """How this process got the extension: compiled or cached, and the seconds it took.
 
-    Introduced in notebooks/04_custom_backend.ipynb.
-
     Returns:
         The ``BuildInfo`` of the ``build()`` that ran in this process.
 
@@ -100,8 +96,6 @@ def create_backend(
     store: dist.Store, rank: int, world_size: int, timeout: timedelta
 ) -> C10dBackend:
     """The creator ``register_backend`` calls: construct the C++ backend for one group.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Args:
         store: the group's store (a PrefixStore scoped to the group); data moves through it.
@@ -120,8 +114,6 @@ def create_backend(
 
 def register() -> None:
     """Register ``labkit_cpp`` with torch.distributed for CPU tensors (idempotent).
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     Raises:
         RuntimeError: the extension cannot be built here.
