@@ -25,7 +25,7 @@ from labkit.launcher._checks import (
     pickle_call,
 )
 from labkit.launcher._context import backend_for, device_backend, get_device, rank_context
-from labkit.launcher._pool import _lock, current_zygote_pid, get_zygote, shutdown
+from labkit.launcher._pool import current_zygote_pid, get_zygote, pool_lock, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 
 __all__ = [
@@ -96,5 +96,5 @@ def launch(
 
     from labkit.launcher._run import LaunchRun
 
-    with _lock:
+    with pool_lock():
         return LaunchRun(get_zygote(), plan, payload).run()

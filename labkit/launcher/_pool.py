@@ -141,6 +141,14 @@ _zygote: Zygote | None = None
 _lock = threading.RLock()
 
 
+def pool_lock() -> threading.RLock:
+    """The lock that serialises starting, using and stopping the zygote in this process.
+
+    Read it through this function, never bind it by name: a forked child gets a new one.
+    """
+    return _lock
+
+
 def get_zygote() -> Zygote:
     """The kernel's zygote, started (or restarted after a crash) on demand."""
     global _zygote
@@ -160,7 +168,7 @@ def current_zygote_pid() -> int | None:
 def shutdown() -> None:
     """Stop labkit's warm worker process (the zygote); the next launch starts a new one."""
     global _zygote
-    with _lock:
+    with pool_lock():
         if _zygote is not None:
             _zygote.close()
             _zygote = None

@@ -27,7 +27,7 @@ import time
 import weakref
 
 from labkit.launcher._checks import _dumps, make_plan, pickle_call
-from labkit.launcher._pool import ZygoteError, _lock, get_zygote
+from labkit.launcher._pool import ZygoteError, get_zygote, pool_lock
 from labkit.launcher.errors import RankError, RankFailure
 from labkit.launcher.failure_policy import INTERRUPT_GRACE_S, STOP_GRACE_S
 from labkit.ranks._server import CELL_PREFIX, serve
@@ -83,7 +83,7 @@ class World:
             listener.listen(self.world_size)
             payload = pickle_call(serve, (address,), {}, self._plan.carrier)
             self._plan.import_backend_here()
-            with _lock:
+            with pool_lock():
                 run = WorldRun(get_zygote(), self._plan, payload, listener)
                 try:
                     run.start()
@@ -231,7 +231,7 @@ class World:
     def _request(self, msgs: dict[int, dict], timeout: float | None) -> dict[int, dict]:
         timeout = self.timeout if timeout is None else float(timeout)
         run = self._run
-        with _lock:
+        with pool_lock():
             if run.zygote_gone():
                 self._zygote_died()
             rid = next(self._ids)
@@ -299,5 +299,5 @@ def current_world() -> World | None:
 
 
 def _stop(run: WorldRun, grace_s: float) -> None:
-    with _lock:
+    with pool_lock():
         run.stop(grace_s)
