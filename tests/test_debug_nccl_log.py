@@ -101,5 +101,6 @@ def test_a_real_nccl_log_has_its_version_and_one_init_per_rank(tmp_path: Path) -
     )
     assert run.returncode == 0, run.output[-3000:]
     log = read_nccl_log("\n".join(p.read_text() for p in tmp_path.glob("nccl.*.log")))
+    assert log.version, "no 'NCCL version' line in the log"
     assert log.version.split("+")[0] == ".".join(map(str, torch.cuda.nccl.version()[:3]))
     assert sorted(r for r, _, _ in log.init_complete) == list(range(ranks))
