@@ -69,6 +69,22 @@ def test_process_group_is_initialised_and_destroyed_with_env():
         lk.get_device()
 
 
+def test_env_reaches_the_ranks_only():
+    def fn(rank, world_size):
+        import os
+
+        import torch.distributed as dist
+
+        return os.environ.get("LABKIT_TEST_VAR"), str(dist.get_debug_level())
+
+    assert "LABKIT_TEST_VAR" not in os.environ
+    env = {"LABKIT_TEST_VAR": "on", "TORCH_DISTRIBUTED_DEBUG": "INFO"}
+    # torch read TORCH_DISTRIBUTED_DEBUG in the warm worker long ago; each rank reads it again.
+    assert lk.launch(fn, world_size=2, env=env) == [("on", "DebugLevel.INFO")] * 2
+    assert "LABKIT_TEST_VAR" not in os.environ
+    assert lk.launch(fn, world_size=2) == [(None, "DebugLevel.OFF")] * 2
+
+
 def test_world_size_one():
     assert lk.launch(lambda r, w: r + w, world_size=1) == [1]
 
@@ -231,6 +247,9 @@ def test_works_from_a_plain_script_and_leaves_nothing():
         ({"timeout": float("nan")}, ValueError, "positive number"),
         ({"device": "tpu"}, ValueError, "device must be"),
         ({"args": 5}, ValueError, "args must be a tuple"),
+        ({"env": "A=1"}, ValueError, "env must be a dict"),
+        ({"env": {"A": 1}}, ValueError, "str -> str"),
+        ({"env": {"A=B": "1"}}, ValueError, "without '='"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_starts(kwargs, exc, match):

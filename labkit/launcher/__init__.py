@@ -22,9 +22,9 @@ from labkit.launcher._checks import (
     fit_ranks,
     launch_choice,
     make_plan,
-    pickle_call,
 )
 from labkit.launcher._context import backend_for, device_backend, get_device, rank_context
+from labkit.launcher._payload import pickle_call
 from labkit.launcher._pool import current_zygote_pid, get_zygote, pool_lock, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 
@@ -55,6 +55,7 @@ def launch(
     timeout: float = 120.0,
     device: str = "auto",
     verbose: bool = False,
+    env: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
 
@@ -76,6 +77,12 @@ def launch(
         device: ``"auto"`` (see above), ``"cpu"`` or ``"cuda"`` (rank r uses GPU r; needs one
             GPU per rank).
         verbose: also show library chatter (c10d and gloo logs, torch deprecation warnings).
+        env: environment variables for this launch's ranks, set over the caller's environment
+            before the process group is created, as if each rank had been started with them
+            (``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``, ``{"TORCH_FR_BUFFER_SIZE": "100"}``).
+            The caller's own environment is unchanged. Variables that a library reads only
+            once when it is imported (before the ranks are forked) keep their import-time value,
+            except ``TORCH_DISTRIBUTED_DEBUG``, which every rank reads again.
 
     Returns:
         The per-rank return values, in rank order.
@@ -90,7 +97,7 @@ def launch(
     if not isinstance(args, (tuple, list)):
         raise ValueError(f"args must be a tuple of extra arguments, got {type(args).__name__}")
     check_fn(fn, tuple(args), kwargs)
-    plan = make_plan(world_size, backend, device, timeout, verbose)
+    plan = make_plan(world_size, backend, device, timeout, verbose, env)
     payload = pickle_call(fn, tuple(args), kwargs, plan.carrier)
     plan.import_backend_here()
 

@@ -32,6 +32,7 @@ class Plan:
     pg_timeout: float  # longer than timeout, so the launcher's diagnosis (with stacks) wins
     loopback_if: str | None
     verbose: bool
+    env: tuple[tuple[str, str], ...] = ()  # set in every rank over the caller's environment
 
     @property
     def backend(self) -> str:
@@ -99,6 +100,21 @@ def check_fn(fn, args: tuple, kwargs: dict) -> None:
             f"{len(args)} extra positional and {sorted(kwargs)} keyword argument(s): {exc}. "
             "Its first two parameters receive the rank and the world size."
         ) from None
+
+
+def check_env(env) -> tuple[tuple[str, str], ...]:
+    """Validate ``lk.launch(env=...)``: a mapping of environment variable names to strings."""
+    if env is None:
+        return ()
+    if not hasattr(env, "items"):
+        raise ValueError(f"env must be a dict of variable names to strings, got {env!r}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
+            raise ValueError(
+                f"env entries must be str -> str (a name without '='), got {key!r}: {value!r}; "
+                'write numbers as strings, e.g. env={"TORCH_FR_BUFFER_SIZE": "100"}'
+            )
+    return tuple(sorted(env.items()))
 
 
 def check_world_size(world_size) -> int:
@@ -296,8 +312,9 @@ def _check_name(backend) -> str:
     return name
 
 
-def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
+def make_plan(world_size, backend, device, timeout, verbose, env=None) -> Plan:
     world_size = check_world_size(world_size)
+    env = check_env(env)
     if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise ValueError(
             f"timeout must be a positive number of seconds, got {timeout!r}: every launch "
@@ -316,73 +333,5 @@ def make_plan(world_size, backend, device, timeout, verbose) -> Plan:
         float(timeout) + 60.0,
         loopback_interface(),
         bool(verbose),
+        env,
     )
-
-
-def _dumps(obj) -> bytes:
-    """cloudpickle, but code objects keep their file name.
-
-    cloudpickle >= 3.1 renames every shipped function's file to ``<dynamic-code>``; keeping the
-    real one (a notebook cell's ``/tmp/ipykernel_.../N.py``) lets the launcher show the source
-    line of each frame in a rank's traceback and stack dump.
-    """
-    import importlib
-    import io
-    import pickle
-    import sys
-    import types
-    from collections import ChainMap
-
-    import cloudpickle
-
-    base = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
-    if base is None:  # an older cloudpickle keeps file names by itself
-        return cloudpickle.dumps(obj)
-
-    def reduce_code(code):
-        ctor, args = base(code)
-        keep = code.co_filename
-        return ctor, tuple(keep if a == "<dynamic-code>" else a for a in args)
-
-    class _Pickler(cloudpickle.Pickler):
-        dispatch_table = ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
-
-        def reducer_override(self, obj):
-            # torch.backends.* are instances of module subclasses, which cloudpickle tries to
-            # copy by value (and fails); any module that is in sys.modules goes by name.
-            if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType:
-                name = getattr(obj, "__name__", None)
-                if name and sys.modules.get(name) is obj:
-                    return importlib.import_module, (name,)
-            return super().reducer_override(obj)
-
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
-
-
-def pickle_call(fn, args: tuple, kwargs: dict, carrier: str | BackendSpec = "gloo") -> bytes:
-    """Serialise the call and its backend by value (works for lambdas and closures defined in
-    a notebook, and for a BackendSpec whose creator is one); ``carrier`` is ``Plan.carrier``."""
-    import cloudpickle
-
-    try:
-        return _dumps((fn, args, kwargs, carrier))
-    except Exception as exc:  # noqa: BLE001 - find the culprit for the message
-        culprit = "fn (or something it uses from the notebook)"
-        for i, a in enumerate(args):
-            try:
-                cloudpickle.dumps(a)
-            except Exception:  # noqa: BLE001
-                culprit = f"args[{i}] ({type(a).__name__})"
-                break
-        for k, v in kwargs.items():
-            try:
-                cloudpickle.dumps(v)
-            except Exception:  # noqa: BLE001
-                culprit = f"kwargs[{k!r}] ({type(v).__name__})"
-                break
-        raise ValueError(
-            f"{culprit} cannot be sent to the ranks: {type(exc).__name__}: {exc}. Ranks are "
-            "separate processes; pass plain data, or create the object inside fn."
-        ) from exc

@@ -88,6 +88,11 @@ def _run(call: dict, rank: int, world_size: int):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _context.set_rank_context(rank, world_size, device, backend)
+    # torch reads TORCH_DISTRIBUTED_DEBUG when torch.distributed is imported: in the zygote,
+    # long before this call's environment existed. Read it again, before any group exists, so
+    # a rank sees the level a process started with this environment would (DETAIL wraps
+    # every group in a collective-checking wrapper).
+    dist.set_debug_level_from_env()
     if isinstance(carrier, BackendSpec):
         carrier.prepare()
     timeout = timedelta(seconds=local["pg_timeout"])

@@ -99,9 +99,10 @@ class LaunchRun:
         self.store_sock.detach()  # the store owns (and closes) the listening socket now
 
     def _call_message(self) -> dict:
+        p = self.plan
         env = dict(os.environ)
         env["MPLBACKEND"] = "Agg"  # a rank has no screen and no notebook to draw into
-        p = self.plan
+        env.update(p.env)  # lk.launch(env=...): this launch's ranks only, never the caller
         return {
             "payload": self.payload,
             "env": env,

@@ -26,7 +26,8 @@ import tempfile
 import time
 import weakref
 
-from labkit.launcher._checks import _dumps, make_plan, pickle_call
+from labkit.launcher._checks import make_plan
+from labkit.launcher._payload import dumps_by_value, pickle_call
 from labkit.launcher._pool import ZygoteError, get_zygote, pool_lock
 from labkit.launcher.errors import RankError, RankFailure
 from labkit.launcher.failure_policy import INTERRUPT_GRACE_S, STOP_GRACE_S
@@ -195,7 +196,7 @@ class World:
             ranks: which ranks (default all).
             **values: names and values (sent by value with cloudpickle).
         """
-        data = _dumps(values)  # lk.launch's pickler: notebook functions go by value
+        data = dumps_by_value(values)  # lk.launch's pickler: notebook functions go by value
         self._request({r: {"op": "push", "values": data} for r in self._targets(ranks)}, None)
 
     def close(self) -> None:
