@@ -324,6 +324,8 @@ def cpu_assumptions(source: str) -> list[str]:
         marks = " ".join(ast.unparse(d) for d in fn.decorator_list)
         if "gpu" in marks or "device_count" in marks or "cuda" in marks:
             continue  # a GPU test, or one skipped where there are GPUs
+        if "gpus" in {a.arg for a in fn.args.args}:
+            continue  # GPU counts mocked by the `gpus` fixture (tests/test_device_rule.py)
         if not auto_launches(fn):
             continue
         for node in ast.walk(fn):
