@@ -1,6 +1,7 @@
 """Where a notebook's GPU-only sections and CPU-only labs run, and the note that says so.
 
-Introduced in notebooks/06_data_parallel.ipynb.
+Introduced in notebooks/04_custom_backend.ipynb (``lk.cpu_lab``) and
+notebooks/06_data_parallel.ipynb (``lk.section_gpus``).
 
 ``lk.fit_ranks`` fits the lesson's world to the machine; two kinds of cells stand outside it,
 and both follow the notebook's ``device`` parameter *as the learner set it* (``fit_ranks`` may
@@ -43,8 +44,6 @@ def gpu_count() -> int:
 def section_gpus(device: str, need: int = 1, what: str = "this section") -> int:
     """How many GPUs a notebook's GPU-only section may use: all visible ones, or 0 (said why).
 
-    Introduced in notebooks/06_data_parallel.ipynb.
-
     Args:
         device: the notebook's ``device`` parameter as given (``"auto"``, ``"cpu"``,
             ``"cuda"``), not the one ``lk.fit_ranks`` fitted to the lesson's world.
@@ -75,8 +74,6 @@ def section_gpus(device: str, need: int = 1, what: str = "this section") -> int:
 
 def cpu_lab(backend: str, device: str, what: str = "this notebook's models") -> str:
     """The backend of a lab that runs on CPU tensors by design; says so where GPUs are about.
-
-    Introduced in notebooks/04_custom_backend.ipynb.
 
     A lab whose models live on the CPU launches on gloo (or on the labkit backend the learner
     named). Where the learner could have expected GPUs — ``device="cuda"``, ``backend="nccl"``
