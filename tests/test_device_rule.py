@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.launcher import _checks
+from labkit.launcher import _checks, sections
 from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose, choose_for_job
 
 GPU_COUNTS = (0, 1, 2, 8)
@@ -65,6 +65,7 @@ def gpus(monkeypatch):
 
     def set_count(n: int) -> None:
         monkeypatch.setattr(_checks, "_gpu_count", lambda: n)
+        monkeypatch.setattr(sections, "gpu_count", lambda: n)
         monkeypatch.setattr(dist, "is_nccl_available", lambda: n > 0)
 
     return set_count
@@ -200,7 +201,7 @@ def test_inside_a_cpu_launch_the_rule_is_visible():
 
         return str(lk.get_device()), lk.device_backend(), dist.get_backend()
 
-    assert lk.launch(where, 2) == [("cpu", "gloo", "gloo")] * 2
+    assert lk.launch(where, 2, device="cpu") == [("cpu", "gloo", "gloo")] * 2
 
 
 def test_fit_ranks_raises_the_world_to_what_the_lesson_needs(gpus, capsys):
@@ -219,3 +220,184 @@ def test_fit_ranks_raises_the_world_to_what_the_lesson_needs(gpus, capsys):
     assert lk.fit_ranks(2, "nccl", "cuda", at_least=3) == (3, "gloo", "cpu")
     with pytest.raises(ValueError, match="positive integer"):
         lk.fit_ranks(0)
+
+
+# -- %%ranks and lk.World: the plan, made before any rank starts ----------------------------
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """``lk.World`` up to its plan, with no rank started: the plans it would start, in order."""
+    from labkit.ranks import world as world_module
+
+    plans = []
+
+    class NoRanks:  # stands in for WorldRun, which forks the ranks from the zygote
+        def __init__(self, zygote, plan, payload, listener):
+            plans.append(plan)
+
+        def start(self):
+            pass
+
+        def stop(self, grace_s):
+            pass
+
+    monkeypatch.setattr(world_module, "WorldRun", NoRanks)
+    monkeypatch.setattr(world_module, "get_zygote", lambda: None)
+    return plans
+
+
+@pytest.mark.parametrize("n", GPU_COUNTS)
+def test_ranks_magic_and_world_resolve_the_rule_under_mocked_gpus(
+    gpus, planned, n, capsys, monkeypatch
+):
+    """`%ranks start N` and lk.World(N): the device and backend their ranks would get."""
+    import labkit as lk
+    from labkit.ranks.magic import RanksMagics
+    from labkit.ranks.world import current_world
+
+    gpus(n)
+    monkeypatch.setattr(_checks, "_said", set())  # notes are said once per process
+    magics = RanksMagics(shell=None)
+    for ws in (1, 2, 4, 8):
+        want = (MULTI_DEVICE, "cuda:{rank}") if ws <= n else ("gloo", "cpu")
+        world = lk.World(ws)
+        assert (world.backend, planned[-1].device) == want
+        world.close()
+        magics.ranks(f"start {ws}")  # %ranks start ws: the same plan
+        assert (current_world().backend, planned[-1].device) == want
+        magics.ranks(f"start {ws} --device cpu")  # the CPU whatever the machine
+        assert (current_world().backend, planned[-1].device) == ("gloo", "cpu")
+        magics.ranks("stop")
+    assert ("NCCL needs one GPU per rank" in capsys.readouterr().err) == (n in (1, 2))
+    started = len(planned)
+    for line in ("start 2 --device cuda", "start 2 --backend nccl"):
+        if n >= 2:
+            magics.ranks(line)
+            assert planned[-1].device == "cuda:{rank}"
+            magics.ranks("stop")
+        else:  # refused before any rank starts, with the reason
+            with pytest.raises(RuntimeError, match="needs 2 GPUs|no NCCL"):
+                magics.ranks(line)
+            assert len(planned) == started and current_world() is None
+
+
+# -- the torchrun lab scripts: one decision for every worker --------------------------------
+
+
+@pytest.fixture
+def job(monkeypatch):
+    """``_common._choose`` for every rank of a job on one host with ``n`` GPUs (mocked)."""
+    import torch.distributed as dist
+
+    from labkit.scripts import _common
+
+    def run(n: int, world_size: int, backend: str = "auto"):
+        monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: None)
+        monkeypatch.setattr(dist, "new_group", lambda **kw: None)
+        monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: None)
+        # every rank publishes the same host and count: all_gather_object hands back the list
+        gather = lambda out, obj, group=None: out.__setitem__(slice(None), [obj] * len(out))  # noqa: E731
+        monkeypatch.setattr(dist, "all_gather_object", gather)
+        monkeypatch.setattr(dist, "is_nccl_available", lambda: n > 0)
+        monkeypatch.setattr(_common, "_gpus", lambda: n)
+        return [_common._choose(backend, r, world_size, 0, 10.0)[:2] for r in range(world_size)]
+
+    return run
+
+
+@pytest.mark.parametrize("n", GPU_COUNTS)
+@pytest.mark.parametrize("workers", (1, 2, 4, 8))
+def test_scripts_on_one_host_under_mocked_gpus(job, n, workers):
+    from labkit.launcher._context import backend_for
+
+    picks = job(n, workers)
+    assert len({(c.backend, c.device, c.note) for c, _ in picks}) == 1  # one decision for all
+    choice = picks[0][0]
+    if workers <= n:  # a GPU per worker: worker r on GPU r, its CUDA tensors over NCCL
+        assert choice.device == "cuda" and [i for _, i in picks] == list(range(workers))
+        assert backend_for(choice.backend, "cuda") == "nccl"
+    else:  # every worker on the CPU over gloo, said when there are GPUs
+        assert choice.device == "cpu" and {i for _, i in picks} == {0}
+        assert backend_for(choice.backend, "cpu") == "gloo"
+        assert bool(choice.note) == (n > 0)
+
+
+def test_scripts_one_gpu_two_workers_both_take_the_cpu_over_gloo(job):
+    """The old per-local-rank rule gave worker 0 NCCL on the GPU and worker 1 gloo: a hang."""
+    from labkit.launcher._context import backend_for
+
+    picks = job(1, 2)
+    assert [(c.device, backend_for(c.backend, c.device)) for c, _ in picks] == [("cpu", "gloo")] * 2
+    assert "2 ranks but 1 GPU(s)" in picks[0][0].note
+
+
+def test_scripts_two_agents_on_one_host_take_different_gpus(monkeypatch, job):
+    """`torchrun --nnodes 2 --nproc-per-node 1` twice on one 2-GPU host: both workers have
+    LOCAL_RANK 0, yet they get cuda:0 and cuda:1, and init() selects that GPU."""
+    import torch
+
+    from labkit.scripts import _common
+
+    assert [i for _, i in job(2, 2)] == [0, 1]
+    selected, contexts = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", selected.append)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on: None)
+    monkeypatch.setattr(_common, "set_rank_context", lambda *a: contexts.append(a))
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    for rank in (0, 1):
+        for key, value in (("RANK", rank), ("WORLD_SIZE", 2), ("LOCAL_RANK", 0)):
+            monkeypatch.setenv(key, str(value))
+        assert str(_common.init().device) == f"cuda:{rank}"
+    assert [str(d) for d in selected] == ["cuda:0", "cuda:1"]
+    assert [c[3] for c in contexts] == [MULTI_DEVICE] * 2
+
+
+# -- GPU-only sections and CPU labs of the notebooks ----------------------------------------
+
+
+@pytest.mark.parametrize("n", GPU_COUNTS)
+def test_gpu_sections_follow_the_device_parameter(gpus, n, capsys):
+    """`course run --device cpu` keeps every GPU-only section off the GPUs, and says so."""
+    import labkit as lk
+
+    gpus(n)
+    assert lk.section_gpus("cpu", need=1, what="the section") == 0
+    assert "skipped: the section: device='cpu' keeps" in capsys.readouterr().out
+    for device in ("auto", "cuda"):
+        for need in (1, 2):
+            assert lk.section_gpus(device, need=need, what="the section") == (n if n >= need else 0)
+            out = capsys.readouterr().out
+            assert ("skipped: the section: it needs" in out) == (n < need)
+    with pytest.raises(ValueError, match="'auto', 'cpu' or 'cuda'"):
+        lk.section_gpus("tpu")
+    with pytest.raises(ValueError, match="positive integer"):
+        lk.section_gpus("auto", need=0)
+
+
+@pytest.mark.parametrize("n", GPU_COUNTS)
+def test_cpu_labs_say_they_run_on_the_cpu(gpus, n, capsys):
+    """A CPU lab says so under "auto" on a GPU machine too, not only for explicit CUDA."""
+    import labkit as lk
+
+    gpus(n)
+    cases = [
+        ("auto", "auto"),
+        ("nccl", "auto"),
+        (MULTI_DEVICE, "auto"),
+        ("auto", "cuda"),
+        ("nccl", "cuda"),
+        ("auto", "cpu"),
+        ("gloo", "auto"),
+        ("labkit_shm", "auto"),
+    ]
+    for backend, device in cases:
+        cpu = "labkit_shm" if backend == "labkit_shm" else "gloo"
+        assert lk.cpu_lab(backend, device, what="the models") == cpu
+        said = f"the models run on CPU tensors: they run on the CPU over {cpu}"
+        expected = (
+            device == "cuda"
+            or backend in ("nccl", MULTI_DEVICE)
+            or (backend == device == "auto" and n > 0)
+        )
+        assert (said in capsys.readouterr().err) == expected, (backend, device)

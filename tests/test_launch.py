@@ -64,7 +64,11 @@ def test_process_group_is_initialised_and_destroyed_with_env():
         )
 
     out = lk.launch(fn, world_size=2)
-    assert out == [(True, r, 2, "gloo", str(r), "cpu") for r in range(2)]
+    # What "auto" gives here: gloo on the CPU, or with a GPU per rank the multi-device backend
+    # on cuda:r (labkit/launcher/device_rule.py).
+    choice = lk.launch_choice(2)
+    devices = [f"cuda:{r}" if choice.device == "cuda" else "cpu" for r in range(2)]
+    assert out == [(True, r, 2, choice.backend, str(r), devices[r]) for r in range(2)]
     with pytest.raises(RuntimeError, match="not inside a rank"):
         lk.get_device()
 

@@ -36,12 +36,16 @@ def ring_exchange(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Swap ``x`` with both ring neighbours without deadlock: post every send and recv, then wait.
 
-    Reference solution of exercise ``01_ring_exchange``. Non-blocking ``isend``/``irecv``
-    start all four transfers before waiting on any, so no rank blocks while its neighbour
-    blocks on it (MPI-3.1 standard §3.5 on "unsafe" exchanges that deadlock, §3.7 on
-    nonblocking communication). Messages between one pair of ranks are matched in the order
-    they were sent (§3.5, "Order"), so even on 2 ranks (left = right) the two receives match
-    the two sends.
+    Reference solution of exercise ``01_ring_exchange``. All four transfers are posted before
+    any is waited on, so no rank blocks while its neighbour blocks on it (MPI-3.1 standard
+    §3.5 on "unsafe" exchanges that deadlock, §3.7 on nonblocking communication). They are
+    posted as one ``dist.batch_isend_irecv``: on gloo four separate ``isend``/``irecv`` would
+    do too, but on NCCL each pair of ranks gets its communicator on first use, and creating
+    it blocks until the peer joins, so separate calls on a ring of 3 or more ranks can wait in
+    a cycle; a batch is one NCCL group (its docstring: "the relative ordering of sends vs.
+    receives in the list does not matter and will not cause deadlocks"). Messages between one
+    pair of ranks are matched in the order they were sent (§3.5, "Order"), so even on 2 ranks
+    (left = right) the two receives match the two sends.
 
     Args:
         rank: this rank (global).
@@ -58,13 +62,13 @@ def ring_exchange(
     """
     left, right = (rank - 1) % world_size, (rank + 1) % world_size
     from_left, from_right = torch.empty_like(x), torch.empty_like(x)
-    works = [
-        dist.isend(x, right, group=group),  # my right neighbour's from_left
-        dist.isend(x, left, group=group),  # my left neighbour's from_right
-        dist.irecv(from_left, left, group=group),
-        dist.irecv(from_right, right, group=group),
+    ops = [
+        dist.P2POp(dist.isend, x, right, group=group),  # my right neighbour's from_left
+        dist.P2POp(dist.isend, x, left, group=group),  # my left neighbour's from_right
+        dist.P2POp(dist.irecv, from_left, left, group=group),
+        dist.P2POp(dist.irecv, from_right, right, group=group),
     ]
-    for work in works:
+    for work in dist.batch_isend_irecv(ops):  # one batch: what NCCL needs, and gloo accepts
         work.wait()
     return from_left, from_right
 
@@ -134,8 +138,9 @@ def check_ring_exchange(fn: Callable[..., Any]) -> dict[str, Any]:
             timeout_s=TIMEOUT_S,
             did_not_finish=DEADLOCK,
             hang="A blocking send waits for its matching recv; if every rank first sends (or "
-            "first receives), each waits for a neighbour that waits too. Post the transfers "
-            "with dist.isend/dist.irecv and wait on them afterwards. Where each rank was:",
+            "first receives), each waits for a neighbour that waits too. Post every transfer "
+            "first and wait on them afterwards: dist.isend/dist.irecv (gloo), or one "
+            "dist.batch_isend_irecv (also on NCCL). Where each rank was:",
             stacks=True,
         )
         _compare(world_size, results)

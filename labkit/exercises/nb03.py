@@ -39,7 +39,11 @@ PROMPT = """Write `my_all_gather(tensor, group=None)`: the all-gather phase of t
 `tensor` is 1-D, cut into p chunks by `lk.collectives.chunk_bounds(tensor.numel(), p)`; on entry
 rank r's chunk r is valid. In step s (s = 0 … p−2) rank r sends chunk (r − s) mod p to rank
 (r + 1) mod p and receives chunk (r − s − 1) mod p from rank (r − 1) mod p, straight into place
-(use `lk.collectives.P2P(group).exchange(...)`, or dist.isend / dist.irecv and wait on both)."""
+(use `lk.collectives.P2P(group).exchange(...)`, or one `dist.batch_isend_irecv` of a
+`dist.P2POp` send and receive, and wait on both). Two separate `dist.isend` / `dist.irecv`
+work on gloo but can deadlock on NCCL: there each pair of ranks gets its communicator on first
+use, created blocking until the peer joins, so separate calls around a ring of 3 or more can
+wait in a cycle; one batch is one NCCL group."""
 
 
 def ring_all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
@@ -211,7 +215,8 @@ def check_ring_all_gather(fn: Callable[..., Any]) -> dict[str, Any]:
             timeout_s=TIMEOUT_S,
             did_not_finish=DEADLOCK,
             hang="Every rank must send and receive in every step, with the send and the receive "
-            "both in flight (isend + irecv, or P2P.exchange). Where each rank was:",
+            "both in flight (P2P.exchange or dist.batch_isend_irecv; separate isend + irecv "
+            "on gloo only). Where each rank was:",
             stacks=True,
         )
         _compare(world_size, results)

@@ -27,10 +27,12 @@ from labkit.launcher._context import backend_for, device_backend, get_device, ra
 from labkit.launcher._payload import pickle_call
 from labkit.launcher._pool import current_zygote_pid, get_zygote, pool_lock, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
+from labkit.launcher.sections import cpu_lab, gpu_count, section_gpus
 
 __all__ = [
     "backend_for",
     "BackendSpec",
+    "cpu_lab",
     "LABKIT_BACKENDS",
     "LaunchTimeout",
     "RankError",
@@ -39,9 +41,11 @@ __all__ = [
     "device_backend",
     "fit_ranks",
     "get_device",
+    "gpu_count",
     "launch_choice",
     "launch",
     "rank_context",
+    "section_gpus",
     "shutdown",
 ]
 
