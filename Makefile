@@ -9,7 +9,7 @@ STAMP := $(VENV)/.labkit-installed
 COURSE_ARGS ?= --fast
 PYTEST_ARGS ?=
 
-.PHONY: setup course test test-quick lab doctor bench lint clean gpu-check
+.PHONY: setup course test test-quick lab doctor bench lint clean gpu-check image-smoke image-base-local
 
 setup: $(STAMP)
 
@@ -35,6 +35,15 @@ lab: setup
 # On a GPU machine: GPU tests and the whole course on CUDA, summary in gpu-check/summary.md.
 gpu-check:
 	bash .ci/gpu-check
+
+# The workshop image (docker/README.md): build it and check it in a container. Needs Docker with
+# BuildKit and disk for torch's CUDA libraries; CI does not run these. Settings: docker/smoke-test.sh.
+image-smoke:
+	bash docker/smoke-test.sh
+
+# A Debian 12 base made with debootstrap, for building where no image registry is reachable.
+image-base-local:
+	bash docker/local-base.sh
 
 doctor: setup
 	$(BIN)/labkit doctor
