@@ -13,11 +13,16 @@ TINY = dict(dim=16, n_layers=2, n_heads=2, seq_len=8, batch=8, steps=2, eval_eve
 
 def test_every_name_parses_and_names_itself() -> None:
     for name in NAMES:
-        s = Strategy.parse(name, 4)
-        assert s.world_size == 4 and s.name == name, (name, s)
+        p = 8 if name == "dp_pp_tp" else 4
+        s = Strategy.parse(name, p)
+        assert s.world_size == p and s.name == name, (name, s)
     assert Strategy.parse("dp_tp", 4).label == "dp2·pp1·tp2·zero0·m1"
     assert Strategy.parse("pp", 4, microbatches=2).label == "dp1·pp4·tp1·zero0·m2"
     assert Strategy.parse("fsdp", 2) == Strategy(dp=2, zero_stage=3, fsdp=True)
+    assert Strategy.parse("dp", 2, microbatches=2).microbatches == 2  # accumulation
+    assert Strategy.parse("dp_pp_tp", 8).dims.label == "dp2·pp2·tp2"
+    fsdp, zero3 = Strategy.parse("fsdp", 2), Strategy.parse("zero3", 2)
+    assert fsdp.label == zero3.label and fsdp.key != zero3.key  # run_many keys by .key
 
 
 def test_rank_layout_puts_tp_innermost() -> None:
@@ -37,8 +42,7 @@ def test_rank_layout_puts_tp_innermost() -> None:
         ({"zero_stage": 4}, "zero_stage"),
         ({"fsdp": True}, "fsdp is ZeRO-3"),
         ({"tp": 2, "zero_stage": 1}, r"ZeRO-1 with pp\(1\) and tp\(2\)"),
-        ({"pp": 2, "tp": 2}, "not supported"),
-        ({"microbatches": 2}, "needs a pipeline"),
+        ({"pp": 2, "zero_stage": 3, "fsdp": True}, r"FSDP2 with pp\(2\)"),
     ],
 )
 def test_bad_strategies_show_the_arithmetic(kwargs, match) -> None:
@@ -51,6 +55,8 @@ def test_parse_errors() -> None:
         Strategy.parse("ring", 4)
     with pytest.raises(ValueError, match="even p >= 4"):
         Strategy.parse("dp_tp", 2)
+    with pytest.raises(ValueError, match="p = 8, 12, 16"):
+        Strategy.parse("dp_pp_tp", 4)
 
 
 def test_from_plan_runs_the_planners_plans() -> None:
@@ -65,8 +71,13 @@ def test_from_plan_runs_the_planners_plans() -> None:
         s = Strategy.from_plan(p)
         assert (s.dp, s.pp, s.tp, s.microbatches) == (p.dp, p.pp, p.tp, p.microbatches)
         assert s.label == p.label or (p.dp == 1 and s.zero_stage == 0)
-    bad = next(p for p in plans if p.pp > 1 and p.tp > 1)
-    assert not Strategy.runs(bad)
+        assert s.key.startswith(s.label)
+    bad = next(p for p in plans if p.pp > 1 and p.zero_stage in (1, 2) and p.dp > 1)
+    assert not Strategy.runs(bad)  # labkit's ZeRO shards only pure data parallelism
+    both = next(p for p in plans if p.pp > 1 and p.tp > 1 and p.zero_stage == 0)
+    assert Strategy.runs(both)  # pp × tp composes
+    fsdp_tp = next(p for p in plans if p.tp > 1 and p.pp == 1 and p.dp > 1 and p.zero_stage == 3)
+    assert Strategy.from_plan(fsdp_tp).fsdp  # ZeRO-3 with tp runs as FSDP2 × DTensor TP
 
 
 def test_stages_hold_embedding_blocks_and_head() -> None:
@@ -114,7 +125,7 @@ def test_strategies_on_two_ranks_equal_one_process() -> None:
     ref = lk.capstone.train_reference(config)
     _check_against_reference(results, ref, config)
     n = lk.models.count_parameters(ref["model"])
-    total = {s.name: [sum(r["bytes"].values()) for r in results[s.label]] for s in strategies}
+    total = {s.name: [sum(r["bytes"].values()) for r in results[s.key]] for s in strategies}
     assert total["dp"][0] >= 16 * n  # params, grads, Adam's two states (+ step counters)
     assert all(max(total[k]) < 0.8 * total["dp"][0] for k in ("zero3", "fsdp", "tp", "pp"))
     assert max(total["zero3"]) < max(total["zero2"]) < total["dp"][0]

@@ -123,6 +123,18 @@ class DataParallelBucketed(nn.Module):
         finally:
             self._sync = old
 
+    def reduce_gradients(self) -> None:
+        """All-reduce now, bucket by bucket, the gradients accumulated under ``no_sync()``.
+
+        For a model whose backward runs several times per step with no backward left to
+        trigger the reduction: a pipeline stage runs one backward per micro-batch inside the
+        schedule (``labkit.parallel.compose.PipelineStage``), all under ``no_sync()``, then
+        calls this once — one round of bucket all-reduces per step, as torch's pipelining
+        schedules hold DDP's reduction until the last micro-batch. A parameter without a
+        gradient contributes zeros, as in backward.
+        """
+        self._finish()
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._in_backward:  # a backward that raised half-way: drop its state
             self._finish(wait_only=True)

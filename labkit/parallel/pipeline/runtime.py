@@ -31,6 +31,7 @@ blocks the host (``Work.wait(timeout)``) until its message is there, on NCCL too
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,7 @@ def run_schedule(
     group: dist.ProcessGroup | None = None,
     compute_s: float = 0.0,
     timeout_s: float = 300.0,
+    forward_context: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> PipelineResult:
     """Run this rank's row of ``schedule``: one training step's forwards and backwards.
 
@@ -220,6 +222,9 @@ def run_schedule(
         timeout_s: the longest any receive (or, at the end, a send) may wait; on NCCL too
             the wait blocks the host (``Work.wait(timeout)``), so a stage that never sends
             ends the step with an error instead of a hang.
+        forward_context: entered around each forward and the loss (e.g. bf16 autocast,
+            ``lk.precision.autocast``); the backward runs outside it, as ``torch.autocast``
+            recommends. None: nothing.
 
     Returns:
         PipelineResult: the loss (last stage's rank), peak activations in flight per stage,
@@ -242,6 +247,7 @@ def run_schedule(
             "ignores tags), and this schedule receives some messages out of order; use gloo"
         )
     wire = _Wire(group, n_ranks, timedelta(seconds=timeout_s))
+    context = forward_context or contextlib.nullcontext
     n_stages, m = len(shapes), len(inputs)
     last = n_stages - 1
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -260,7 +266,7 @@ def run_schedule(
             else:
                 x = wire.recv(inputs[i], shapes[s - 1], s - 1, _tag(s - 1, i, m, False), str(a))
                 x.requires_grad_(True)
-            with span(str(a), device=x.device, stage=s, op="F", microbatch=i):
+            with span(str(a), device=x.device, stage=s, op="F", microbatch=i), context():
                 y = stages[s](x)
                 if s == last:
                     y = loss_fn(y, targets[i]) / m  # mean over the whole batch
