@@ -59,7 +59,7 @@ class RunConfig:
         base_batch: the batch ``lr`` was tuned for; the peak rate is lr · √(batch/base_batch)
             (None: ``batch``, no scaling).
         final_fraction: the cosine's end as a fraction of the peak.
-        ckpt_dir: where DCP checkpoints go (None: no checkpoint).
+        ckpt_dir: where DCP checkpoints go, a folder per strategy (``checkpoint_dir``).
         ckpt_at: save one after this many steps (needs ``ckpt_dir``).
         resume: start from the newest complete checkpoint in ``ckpt_dir``.
     """

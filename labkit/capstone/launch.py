@@ -16,7 +16,7 @@ from labkit.capstone.strategy import Strategy
 from labkit.capstone.train import train_rank
 from labkit.launcher import launch
 
-__all__ = ["run", "run_many", "train_many"]
+__all__ = ["run", "run_jobs", "run_many", "train_many"]
 
 
 def run(
@@ -49,13 +49,48 @@ def run(
     )  # fmt: skip
 
 
-def train_many(rank: int, world_size: int, strategies: list[Strategy], config: RunConfig) -> dict:
-    """``train_rank`` for each strategy in turn, in one launch (one process start-up for all).
+def train_many(rank: int, world_size: int, jobs: list[tuple[Strategy, RunConfig]]) -> list[dict]:
+    """``train_rank`` for each (strategy, config) in turn, in one launch (one start-up for all).
 
     Returns:
-        ``{strategy.key: train_rank's dict}``.
+        ``train_rank``'s dict of each job, in order.
     """
-    return {s.key: train_rank(rank, world_size, s, config) for s in strategies}
+    return [train_rank(rank, world_size, s, c) for s, c in jobs]
+
+
+def run_jobs(
+    jobs: list[tuple[Strategy, RunConfig]],
+    backend: Any = "auto",
+    timeout: float = 300.0,
+    device: str = "auto",
+) -> list[list[dict]]:
+    """Run several (strategy, config) jobs of one world size, one after the other, in one launch.
+
+    A job that resumes (``config.resume``) may follow the job that wrote its checkpoint: the
+    resumed run builds its model, optimizer and schedule afresh and reads everything else
+    from the checkpoint.
+
+    Args:
+        jobs: the runs, all on the same world size.
+        backend: process-group backend.
+        timeout: seconds for all of them together.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        Per job, ``[rank 0's dict, rank 1's, ...]``.
+
+    Raises:
+        ValueError: no jobs, different world sizes, or a config a strategy cannot split.
+    """
+    sizes = {s.world_size for s, _ in jobs}
+    if len(sizes) != 1:
+        raise ValueError(f"the jobs need strategies of one world size, got {sorted(sizes)}")
+    for s, c in jobs:
+        c.check(s)
+    per_rank = launch(
+        train_many, sizes.pop(), backend, args=(jobs,), timeout=timeout, device=device
+    )
+    return [[r[i] for r in per_rank] for i in range(len(jobs))]
 
 
 def run_many(
@@ -65,10 +100,10 @@ def run_many(
     timeout: float = 300.0,
     device: str = "auto",
 ) -> dict[str, list[dict]]:
-    """Train every strategy (all on the same world size) in one launch.
+    """Train every strategy (all on the same world size) with one config, in one launch.
 
     Args:
-        strategies: strategies with one ``world_size`` and distinct ``key``\\ s.
+        strategies: strategies with one ``world_size`` and distinct keys (``Strategy.key``).
         config: the run.
         backend: process-group backend.
         timeout: seconds for all of them together.
@@ -78,19 +113,11 @@ def run_many(
         ``{strategy.key: [rank 0's dict, rank 1's, ...]}`` in the order given.
 
     Raises:
-        ValueError: no strategies, different world sizes, two with one key, or a config a
+        ValueError: different world sizes, two strategies with one key, or a config a
             strategy cannot split.
     """
-    sizes = {s.world_size for s in strategies}
-    if len(sizes) != 1:
-        raise ValueError(f"run_many needs strategies of one world size, got {sorted(sizes)}")
     keys = [s.key for s in strategies]
     if len(set(keys)) != len(keys):
         raise ValueError(f"run_many needs distinct strategies, got {keys}")
-    for s in strategies:
-        config.check(s)
-    per_rank = launch(
-        train_many, sizes.pop(), backend, args=(strategies, config), timeout=timeout,
-        device=device,
-    )  # fmt: skip
-    return {s.key: [r[s.key] for r in per_rank] for s in strategies}
+    results = run_jobs([(s, config) for s in strategies], backend, timeout, device)
+    return dict(zip(keys, results, strict=True))

@@ -15,6 +15,7 @@ averaged, every strategy takes its steps.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,13 +44,24 @@ from labkit.parallel.compose import (
 )
 from labkit.trace import sync_device
 
-__all__ = ["eval_steps", "train_rank", "train_reference"]
+__all__ = ["checkpoint_dir", "eval_steps", "train_rank", "train_reference"]
 
 
 def eval_steps(config: RunConfig) -> list[int]:
     """The steps after which the validation loss is measured (and after the last)."""
     c = config
     return sorted({*range(c.eval_every, c.steps, c.eval_every), c.steps})
+
+
+def checkpoint_dir(config: RunConfig, strategy: Strategy) -> Path:
+    """Where ``strategy``'s checkpoints go: a folder of its own under ``config.ckpt_dir``.
+
+    Raises:
+        ValueError: no ``ckpt_dir``.
+    """
+    if not config.ckpt_dir:
+        raise ValueError("the run has no ckpt_dir")
+    return Path(config.ckpt_dir) / strategy.key.replace("·", "-")
 
 
 def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig) -> dict:
@@ -85,9 +97,9 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
     context = autocast_context(c, device)
     start = 0
     if c.resume:
-        path = latest(c.ckpt_dir)
+        path = latest(checkpoint_dir(c, s))
         if path is None:
-            raise FileNotFoundError(f"resume: no complete checkpoint in {c.ckpt_dir}")
+            raise FileNotFoundError(f"resume: no complete checkpoint in {checkpoint_dir(c, s)}")
         start = load_state(path, parts, opt, schedule)
 
     def mine(t: torch.Tensor) -> torch.Tensor:  # this rank's data-parallel slice
@@ -124,7 +136,8 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
         out["losses"].append(agree(loss))
         out["grad_norms"].append(norm)
         if c.ckpt_at == k + 1:
-            save_sharded(c.ckpt_dir, checkpoint_state(parts, opt, schedule, k + 1), k + 1)
+            state = checkpoint_state(parts, opt, schedule, k + 1)
+            save_sharded(checkpoint_dir(c, s), state, k + 1)
         if k + 1 in eval_steps(c):
             out["val_steps"].append(k + 1)
             out["val_losses"].append(agree(parts.evaluate(xv, yv, lm_loss, context)))

@@ -30,7 +30,7 @@ this order, torchtitan's:
 4. **dp** last: the outermost wrapper; it broadcasts, buckets or shards the parameters as
    they finally are and hooks their gradients.
 
-What each rank then updates is listed once, as ``Piece``\\ s (a parameter, its name in the
+What each rank then updates is listed once, as ``Piece`` objects (a parameter, its name in the
 unsplit model, the axes it is split along): the gradient clipping (``clip_grad_norm_``) and
 the DCP checkpoint (``checkpoint_state``) both read it. ``forward_backward`` runs one
 optimizer step's micro-batches with one gradient reduction (``no_sync`` for the others).

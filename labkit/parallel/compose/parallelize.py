@@ -5,7 +5,7 @@ Introduced in notebooks/14_hybrid_parallel.ipynb (the order and why: ``labkit.pa
 torchtitan's ``parallelize_llama`` in miniature: ``if parallel_dims.tp_enabled: apply_tp(...)``,
 then activation checkpointing, then ``apply_fsdp`` or ``apply_ddp`` on the dp mesh, after
 ``pipeline_llama`` has cut the stage. The result, ``Parallelized``, is what a training loop
-needs whatever the strategy: the module to run, the ``Piece``\\ s the optimizer updates (named
+needs whatever the strategy: the module to run, the ``Piece`` objects the optimizer updates (named
 as in the unsplit model), the object that reduces the gradients, and the chain of calls made
 (``chain``, printed by notebooks 14 and 17).
 """
@@ -220,7 +220,7 @@ def parallelize(
 
 
 def _pieces(model: nn.Module, zero: ZeroBase | None, pipeline: PipelineStage | None) -> list:
-    """The ``Piece``\\ s the optimizer updates: ZeRO's shards, or the model's parameters."""
+    """The ``Piece`` objects the optimizer updates: ZeRO's shards, or the model's parameters."""
     if zero is not None:
         return [
             Piece(f"{u.name}.{n}" if u.name else n, shard, {"dp": 0})
