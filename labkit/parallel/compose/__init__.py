@@ -41,7 +41,7 @@ from __future__ import annotations
 from labkit.parallel.compose.ac import apply_ac
 from labkit.parallel.compose.clip import clip_grad_norm_
 from labkit.parallel.compose.dp import apply_ddp, apply_fsdp, apply_zero
-from labkit.parallel.compose.gather import full_parameters, rank_state_bytes
+from labkit.parallel.compose.gather import full_parameters, full_tensor, rank_state_bytes
 from labkit.parallel.compose.parallelize import DP_FLAVOURS, Parallelized, parallelize
 from labkit.parallel.compose.pieces import Piece, copies
 from labkit.parallel.compose.pp import PipelineStage, apply_pp
@@ -67,6 +67,7 @@ __all__ = [
     "copies",
     "forward_backward",
     "full_parameters",
+    "full_tensor",
     "init_optimizer_state",
     "load_state",
     "no_sync",

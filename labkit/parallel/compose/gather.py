@@ -25,7 +25,28 @@ from labkit.parallel.zero import fsdp_rank_bytes, storage_bytes
 if TYPE_CHECKING:
     from labkit.parallel.compose.parallelize import Parallelized
 
-__all__ = ["full_parameters", "rank_state_bytes"]
+__all__ = ["full_parameters", "full_tensor", "rank_state_bytes"]
+
+
+def full_tensor(t: Any) -> torch.Tensor:
+    """A DTensor gathered whole on every rank of its mesh (collective): ``t.full_tensor()``.
+
+    A 2-D DTensor (FSDP2 × TP) is gathered one mesh axis after the other, and torch logs a
+    warning saying so at every call; expected here, so it is silenced for the call.
+
+    Args:
+        t: a DTensor.
+
+    Returns:
+        The whole tensor (a plain tensor on ``t``'s device).
+    """
+    redistribute = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = redistribute.level
+    redistribute.setLevel(logging.ERROR)
+    try:
+        return t.full_tensor()
+    finally:
+        redistribute.setLevel(level)
 
 
 def full_parameters(parts: Parallelized) -> dict[str, torch.Tensor]:
@@ -41,21 +62,13 @@ def full_parameters(parts: Parallelized) -> dict[str, torch.Tensor]:
         return {k: v.cpu() for k, v in parts.zero.full_parameters().items()}
     out: dict[str, torch.Tensor] = {}
     tp = axis_group(parts.mesh, "tp") if parts.dims.tp_enabled else None
-    # A 2-D DTensor (FSDP2 × TP) is gathered axis by axis, and torch logs a warning saying so
-    # for every parameter: expected here, and not the learner's concern.
-    redistribute = logging.getLogger("torch.distributed.tensor._redistribute")
-    level = redistribute.level
-    redistribute.setLevel(logging.ERROR)
-    try:
-        for piece in parts.pieces:
-            t: Any = piece.param.detach()
-            if hasattr(t, "full_tensor"):
-                t = t.full_tensor()
-            elif "tp" in piece.split:
-                t = gather_tp(t, piece.split["tp"], tp)
-            out[piece.name] = t.cpu().clone()
-    finally:
-        redistribute.setLevel(level)
+    for piece in parts.pieces:
+        t: Any = piece.param.detach()
+        if hasattr(t, "full_tensor"):
+            t = full_tensor(t)
+        elif "tp" in piece.split:
+            t = gather_tp(t, piece.split["tp"], tp)
+        out[piece.name] = t.cpu().clone()
     if parts.pipeline is not None:  # every stage's parameters, to every rank
         stages: list[dict | None] = [None] * parts.dims.pp
         dist.all_gather_object(stages, out, group=parts.pipeline.group)
