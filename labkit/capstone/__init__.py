@@ -21,6 +21,7 @@ from labkit.capstone.strategy import NAMES, Strategy
 
 _TORCH = {
     "RunConfig": "config",
+    "autocast_context": "config",
     "build_model": "config",
     "global_batch": "config",
     "make_schedule": "config",
@@ -28,10 +29,12 @@ _TORCH = {
     "eval_steps": "train",
     "train_rank": "train",
     "train_reference": "train",
+    "train_step": "train",
     "run": "launch",
     "run_jobs": "launch",
     "run_many": "launch",
     "train_many": "launch",
+    "dp_flavour": "gpt",
     "gpt_stages": "gpt",
     "gpt_tp_plan": "gpt",
     "lm_loss": "gpt",

@@ -3,18 +3,20 @@
 Introduced in notebooks/17_capstone.ipynb.
 
 Each rank builds the whole TinyGPT (seeded), composes its share with
-``labkit.parallel.compose`` (``parallelize_gpt``), and runs the course's loop: per optimizer
-step its dp slice of the global batch in ``microbatches`` with one gradient reduction
-(``forward_backward``), bf16 autocast if asked, the global gradient norm clipped after the
-reduction (``clip_grad_norm_``), Adam, the warmup + cosine schedule; a DCP checkpoint after
-``ckpt_at`` steps, and with ``resume`` a start from the newest one. ``train_reference`` is the
-same recipe on one process with ``torch.nn.utils.clip_grad_norm_``: with the gradients
-averaged, every strategy takes its steps.
+``labkit.parallel.compose`` (``parallelize_gpt``), and runs the course's loop, one
+``train_step`` per optimizer step (notebook 17 prints it): its dp slice of the global batch in
+``microbatches`` with one gradient reduction (``forward_backward``), bf16 autocast if asked,
+the global gradient norm clipped after the reduction (``clip_grad_norm_``), Adam, the warmup +
+cosine schedule; a DCP checkpoint after ``ckpt_at`` steps, and with ``resume`` a start from
+the newest one. ``train_reference`` is the same recipe on one process with
+``torch.nn.utils.clip_grad_norm_``: with the gradients averaged, every strategy takes its
+steps.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from labkit.data import char_corpus
 from labkit.launcher import get_device
 from labkit.mesh import build_mesh, dp_shard
 from labkit.parallel.compose import (
+    Parallelized,
     checkpoint_state,
     clip_grad_norm_,
     forward_backward,
@@ -44,13 +47,55 @@ from labkit.parallel.compose import (
 )
 from labkit.trace import sync_device
 
-__all__ = ["checkpoint_dir", "eval_steps", "train_rank", "train_reference"]
+__all__ = [
+    "checkpoint_dir",
+    "eval_steps",
+    "train_rank",
+    "train_reference",
+    "train_step",
+]
 
 
 def eval_steps(config: RunConfig) -> list[int]:
     """The steps after which the validation loss is measured (and after the last)."""
     c = config
     return sorted({*range(c.eval_every, c.steps, c.eval_every), c.steps})
+
+
+def train_step(
+    parts: Parallelized,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: RunConfig,
+    microbatches: int,
+    context: Callable[[], Any],
+) -> tuple[float | None, float]:
+    """One optimizer step of the capstone's recipe on this rank's share ``(x, y)`` of the batch.
+
+    Args:
+        parts: this rank's share of the model (``parallelize_gpt``).
+        optimizer: its Adam (ZeRO's own under ZeRO).
+        schedule: the learning-rate schedule (``make_schedule``).
+        x, y: this rank's dp slice of the step's batch.
+        config: the run (``max_norm``).
+        microbatches: k, micro-batches of accumulation (1 under a pipeline, which has its own).
+        context: the autocast context factory (``autocast_context``).
+
+    Returns:
+        ``(loss, norm)``: the mean loss of ``x`` (None on pipeline ranks without it) and the
+        global gradient norm before clipping (NaN without ``max_norm``).
+    """
+    parts.zero_grad(optimizer)
+    # k micro-batches, autocast around each forward; one dp reduction, after the last
+    loss = forward_backward(parts, x, y, lm_loss, microbatches=microbatches, context=context)
+    norm = float("nan")
+    if config.max_norm is not None:  # after the reduction: every rank clips the same gradient
+        norm = float(clip_grad_norm_(parts.pieces, config.max_norm, parts.dims))
+    parts.step(optimizer)  # Adam (ZeRO: on the shards, then its all-gathers)
+    schedule.step()  # warmup, then cosine
+    return loss, norm
 
 
 def checkpoint_dir(config: RunConfig, strategy: Strategy) -> Path:
@@ -124,13 +169,7 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
         sync_device(device)  # on a GPU, a step's time covers its kernels and transfers
         t0 = time.perf_counter()
         out["lrs"].append(opt.param_groups[0]["lr"])
-        parts.zero_grad(opt)
-        loss = forward_backward(parts, x, y, lm_loss, microbatches=m, context=context)
-        norm = float("nan")
-        if c.max_norm is not None:  # after the reduction: every rank clips the same gradient
-            norm = float(clip_grad_norm_(parts.pieces, c.max_norm, s.dims))
-        parts.step(opt)
-        schedule.step()
+        loss, norm = train_step(parts, opt, schedule, x, y, c, m, context)
         sync_device(device)
         out["step_s"].append(agree(time.perf_counter() - t0, dist.ReduceOp.MAX))
         out["losses"].append(agree(loss))
