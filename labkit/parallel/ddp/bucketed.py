@@ -1,6 +1,8 @@
 """``DataParallelBucketed``: size-capped buckets all-reduced during backward, and ``no_sync``.
 
-Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
+Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb; ``no_sync`` (gradient accumulation)
+and ``reduce_gradients`` come with notebooks/09_accumulation_and_precision.ipynb and
+notebooks/14_hybrid_parallel.ipynb (a pipeline stage's reduction).
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ class _Bucket:
 class DataParallelBucketed(nn.Module):
     """Data parallelism with gradient buckets reduced while backward is still running.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb. Implements the design of
-    Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel
-    Training" (§3.2.3 bucketing, overlap; §3.2.4 ``no_sync``).
+    Implements the design of Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data
+    Parallel Training" (§3.2.3 bucketing, overlap; §3.2.4 ``no_sync``).
 
     At construction the parameters and buffers are broadcast from the group's first rank
     and the parameters that require gradients are assigned to buckets (``assign_buckets``:
@@ -111,8 +112,8 @@ class DataParallelBucketed(nn.Module):
     def no_sync(self) -> Iterator[None]:
         """Inside this block backward only accumulates gradients locally; no communication.
 
-        Introduced in notebooks/09_accumulation_and_precision.ipynb. The first backward
-        after the block all-reduces the accumulated gradients (one round per k micro-steps).
+        The first backward after the block all-reduces the accumulated gradients (one round per k
+        micro-steps).
 
         Returns:
             A context manager.

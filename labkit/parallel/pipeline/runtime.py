@@ -75,8 +75,6 @@ class PipelineResult:
 def stages_of_rank(rank: int, n_ranks: int, n_stages: int) -> list[int]:
     """The stages rank ``rank`` holds under round-robin placement: ``rank, rank + p, …``.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         rank: pipeline rank (in the pipeline's group).
         n_ranks: pipeline ranks ``p``.
@@ -95,8 +93,6 @@ def stages_of_rank(rank: int, n_ranks: int, n_stages: int) -> list[int]:
 
 def messages_in_order(schedule: Sequence[Sequence[Action | None]], n_stages: int) -> bool:
     """Whether, between every pair of ranks, messages are received in the order they are sent.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     gloo matches a receive to its send by tag, so any valid schedule runs on it; NCCL ignores
     tags and matches sends and receives between two ranks in order, so it needs this. Every
@@ -198,8 +194,6 @@ def run_schedule(
     forward_context: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> PipelineResult:
     """Run this rank's row of ``schedule``: one training step's forwards and backwards.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     GPipe (Huang et al. 2019) and 1F1B (Narayanan et al. 2021) differ only in the schedule
     passed here. Gradients accumulate in the stages' parameters (zero them before a step);

@@ -24,8 +24,6 @@ __all__ = ["GradientShards", "ZeroBase", "storage_bytes"]
 def storage_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int] | None = None) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         tensors: tensors (``None`` entries are skipped).
         seen: storage addresses already counted elsewhere; updated in place.
@@ -63,8 +61,6 @@ class ZeroBase:
     Finds the units (``find_units``), broadcasts the module's state from the group's first
     rank (ranks start identical, as with DDP), builds ``torch.optim.Adam`` over this rank's
     shard parameters (``self.shards``, made by the subclass), and measures the bytes held.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         module: the model on this rank (hooks are added to it; no wrapper module).
@@ -227,8 +223,6 @@ class GradientShards:
     hook on each full parameter calls ``arrive(k)``; when the last gradient of unit ``k`` has
     arrived, ``reduce(k)`` reduce-scatters the unit's full gradients, adds this rank's
     averaged piece to ``shards[k]`` and drops the full gradients (``.grad = None``).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         zero: the stage that owns the shards (its units, group and ``observe``).

@@ -59,8 +59,6 @@ def apply_fully_shard(module: nn.Module, group: Any = None) -> nn.Module:
 def fsdp_rank_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
     """Bytes one rank of an FSDP2 model holds at rest: local shards, their grads, Adam states.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: a model sharded with ``fully_shard``.
         optimizer: the optimizer over its (DTensor) parameters.

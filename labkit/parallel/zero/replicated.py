@@ -25,8 +25,6 @@ class ReplicatedParameters(ZeroBase):
     shards, ``all_gather_parameters`` gathers them so every rank holds the new parameters
     (one all-gather per unit). What the stages do with the gradients is their own.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         as ``ZeroBase``.
     """

@@ -31,8 +31,6 @@ class ZeroStage1(ReplicatedParameters):
     data parallelism's all-reduce. Per device: 2Ψ + 2Ψ + KΨ/N_d in the paper's
     mixed-precision units.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank (same on every rank after the initial broadcast).
         group: the data-parallel group (None: the default group).

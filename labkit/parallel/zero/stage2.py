@@ -26,8 +26,6 @@ class ZeroStage2(ReplicatedParameters):
     gradients. ``step()`` runs Adam on the shard and all-gathers the parameters (one per
     unit). Per device: 2Ψ + (2 + K)Ψ/N_d.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank.
         group: the data-parallel group (None: the default group).

@@ -46,8 +46,6 @@ class ZeroStage3(ZeroBase):
     So a step all-gathers every unit twice (forward and backward) and reduce-scatters it once;
     ``step()`` is Adam on the shards alone, with no communication.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank.
         group: the data-parallel group (None: the default group).
