@@ -100,6 +100,16 @@ def test_config_check_names_what_does_not_divide() -> None:
         c.check(Strategy(tp=4))
     with pytest.raises(ValueError, match=r"microbatches\(3\) ∤ batch\(8\)"):
         c.check(Strategy(pp=2, microbatches=3))
+    recipe = [
+        ({"precision": "fp16"}, "precision must be fp32 or bf16"),
+        ({"decay": "cosine", "warmup_steps": 2}, r"warmup_steps\(2\) < steps"),
+        ({"ckpt_at": 1}, r"ckpt_at\(1\) needs a ckpt_dir"),
+        ({"resume": True}, "resume needs a ckpt_dir"),
+        ({"max_norm": 0.0}, "max_norm must be > 0"),
+    ]
+    for extra, match in recipe:
+        with pytest.raises(ValueError, match=match):
+            lk.capstone.RunConfig(**{**TINY, **extra}).check(Strategy(dp=2))
 
 
 # The course's recipe on TinyGPT: 2 micro-batches per step (accumulation, or the pipeline's),
@@ -120,16 +130,16 @@ def _jobs(names: list[str], world_size: int, ckpt_dir, extra=()) -> list:
     return [(s, config) for s in strategies] + [(s, resume) for s in strategies] + list(extra)
 
 
-def _check_against_reference(results: list, ref: dict, config) -> None:
+def _check_against_reference(results: list, ref: dict, config, rel: float = 1e-5) -> None:
     """Every rank's losses, gradient norms, rates and (gathered) parameters against one process."""
     want = dict(ref["model"].named_parameters())
     assert min(ref["grad_norms"]) > config.max_norm  # the bound clipped every step
     for ranks in results:
         label = ranks[0]["chain"]
         for r in ranks:
-            assert r["losses"] == pytest.approx(ref["losses"], rel=1e-5), label
-            assert r["val_losses"] == pytest.approx(ref["val_losses"], rel=1e-5), label
-            assert r["grad_norms"] == pytest.approx(ref["grad_norms"], rel=1e-5), label
+            assert r["losses"] == pytest.approx(ref["losses"], rel=rel), label
+            assert r["val_losses"] == pytest.approx(ref["val_losses"], rel=rel), label
+            assert r["grad_norms"] == pytest.approx(ref["grad_norms"], rel=rel), label
             assert r["lrs"] == ref["lrs"] and r["val_steps"] == ref["val_steps"], label
             assert len(r["step_s"]) == config.steps and min(r["step_s"]) > 0
         got = ranks[0]["full_state"]
@@ -194,6 +204,30 @@ def test_dp_pp_tp_on_eight_ranks_equals_one_process(tmp_path) -> None:
     _check_resumed(results[:1], results[1:], at=2)
     assert [c.split(" = ")[-1].split("(")[0] for c in results[0][0]["chain"]] == [
         "apply_pp", "apply_tp", "apply_ddp"]  # fmt: skip
+
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
+def test_strategies_on_gpus_equal_one_process_and_resume_bit_identically(tmp_path) -> None:
+    """The same strategies with a GPU per rank (NCCL): every piece on the rank's device."""
+    world = 8 if GPUS >= 8 else 4 if GPUS >= 4 else 2
+    names = {
+        2: ["dp", "zero1", "zero2", "zero3", "fsdp", "tp", "pp"],
+        4: ["dp", "zero3", "fsdp", "dp_tp", "fsdp_tp", "dp_pp"],
+        8: ["fsdp", "dp_tp", "fsdp_tp", "dp_pp", "dp_pp_tp"],
+    }[world]
+    bf16 = lk.capstone.RunConfig(**{**RECIPE, "ckpt_at": None, "precision": "bf16"})
+    extra = [(Strategy.parse(names[0], world, microbatches=2), bf16)]
+    results = lk.capstone.run_jobs(_jobs(names, world, tmp_path, extra), device="cuda", timeout=600)
+    config, n = lk.capstone.RunConfig(**RECIPE, ckpt_dir=str(tmp_path)), len(names)
+    # CUDA's float32 kernels against the CPU reference's: other sums, same recipe
+    _check_against_reference(results[:n], lk.capstone.train_reference(config), config, rel=1e-4)
+    _check_resumed(results[:n], results[n : 2 * n], at=2)
+    ref16 = lk.capstone.train_reference(bf16)
+    assert results[-1][0]["losses"] == pytest.approx(ref16["losses"], rel=1e-2)
 
 
 def test_run_rejects_a_config_it_cannot_split_before_launching() -> None:
