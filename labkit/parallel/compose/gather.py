@@ -107,5 +107,8 @@ def rank_state_bytes(parts: Parallelized, optimizer: torch.optim.Optimizer) -> d
                 [local(t) for t in states if isinstance(t, torch.Tensor)], seen
             ),
         }
-    return {"params": int(b.params_bytes), "grads": int(b.grads_bytes),
-            "optimizer": int(b.optimizer_bytes)}  # fmt: skip
+    return {
+        "params": int(b.params_bytes),
+        "grads": int(b.grads_bytes),
+        "optimizer": int(b.optimizer_bytes),
+    }

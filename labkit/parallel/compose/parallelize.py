@@ -102,7 +102,16 @@ class Parallelized:
     def evaluate(
         self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, context: Callable | None = None
     ) -> float | None:
-        """The loss of one forward, no gradients (None on pipeline ranks without the loss)."""
+        """The loss of one forward, no gradients.
+
+        Args:
+            x, y: this rank's share of a batch.
+            loss_fn: the mean loss of a batch.
+            context: entered around the forward (e.g. autocast); None: nothing.
+
+        Returns:
+            The loss (None on pipeline ranks that do not compute it).
+        """
         if self.pipeline is not None:
             return self.pipeline.evaluate(x, y, loss_fn, context)
         with torch.no_grad(), (context or contextlib.nullcontext)():

@@ -138,6 +138,11 @@ class PipelineStage:
     ) -> float | None:
         """The loss of one forward of the whole batch through the stages (no gradients).
 
+        Args:
+            x, y: this rank's share of the batch (the same on every rank of the pp group).
+            loss_fn: the mean loss of a batch.
+            forward_context: entered around the forward (e.g. bf16 autocast).
+
         Returns:
             The loss on the last stage, else None.
         """
