@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from labkit.launcher._context import backend_for
+from labkit.launcher import backend_for
 
 __all__ = ["Exchange", "warm_up"]
 
