@@ -36,8 +36,8 @@ AXES = ("dp", "pp", "tp")  # outermost to innermost
 class ParallelDims:
     """Data-, pipeline- and tensor-parallel degrees whose product is the world size.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb. Pure arithmetic: no process group,
-    no torch. The layout is the module's docstring (tp innermost).
+    Pure arithmetic: no process group, no torch. The layout is the module's docstring (tp
+    innermost).
 
     Args:
         dp: data-parallel degree (replicas, each on its own share of the batch).
@@ -170,8 +170,7 @@ class ParallelDims:
     def groups(self, axis: str) -> list[list[int]]:
         """Every group of ``axis``: the ranks that differ only in their ``axis`` coordinate.
 
-        Introduced in notebooks/14_hybrid_parallel.ipynb: pure arithmetic, checked against
-        ``init_device_mesh``'s own groups in tests/test_mesh.py.
+        Pure arithmetic, checked against ``init_device_mesh``'s own groups in tests/test_mesh.py.
 
         Args:
             axis: ``"dp"``, ``"pp"`` or ``"tp"``.

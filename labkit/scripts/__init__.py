@@ -15,7 +15,8 @@ them on several nodes, under Slurm and on Kubernetes, and which lab each one ser
   SGD (``--mode``), with a straggler (``--slow-rank``, ``--slowdown``): notebook 08.
 - ``train_model_split``: an MLP on digits cut into one stage per rank (notebook 10).
 - ``train_gpt``: TinyGPT on the character corpus under any of the capstone's strategies
-  (``--strategy`` dp, zero1-3, fsdp, pp, tp, dp_tp, dp_pp: notebooks 11-14 and 17).
+  (``--strategy`` dp, zero1-3, fsdp, pp, tp, dp_tp, fsdp_tp, dp_pp, dp_pp_tp: notebooks 11-14
+  and 17), composed by ``labkit.parallel.compose`` as in the notebooks.
 - ``debug_collectives``: one all-reduce, or a mismatched or skipped collective on purpose, with
   a JSON report per worker and its flight recorder dump, to read what
   ``TORCH_DISTRIBUTED_DEBUG`` and ``NCCL_DEBUG`` report (notebook 15).

@@ -29,8 +29,6 @@ __all__ = [
 def bubble_fraction(schedule: Sequence[Sequence[Action | None]]) -> float:
     """Idle slots over all rank-slots, from the first slot to the last busy one.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         schedule: per rank, one entry per slot (``None`` = idle).
 
@@ -46,8 +44,6 @@ def bubble_fraction(schedule: Sequence[Sequence[Action | None]]) -> float:
 
 def bubble_fraction_theory(n_ranks: int, n_microbatches: int, n_virtual: int = 1) -> float:
     """The closed-form bubble of GPipe / 1F1B, or of interleaved 1F1B with ``v`` chunks.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     GPipe (Huang et al. 2019, §2.3): ``(p − 1)/(m + p − 1)`` of the total time, B = F;
     1F1B has the same; interleaving (Narayanan et al. 2021, §2.2) divides the bubble time by
@@ -73,8 +69,6 @@ def bubble_fraction_theory(n_ranks: int, n_microbatches: int, n_virtual: int = 1
 def peak_in_flight(schedule: Sequence[Sequence[Action | None]]) -> dict[int, int]:
     """Per stage, the most micro-batches whose forward ran and backward has not yet.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Each such micro-batch keeps its activations alive on that stage (they are needed by the
     backward), so this is the activation memory in units of one micro-batch's activations.
 
@@ -99,8 +93,6 @@ def peak_in_flight_theory(
     schedule_name: str, stage: int, n_stages: int, n_microbatches: int
 ) -> int:
     """The activation bound: GPipe holds all ``m``; 1F1B at most ``p − stage`` (≤ p).
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Narayanan et al. 2021, §2.1: 1F1B limits in-flight micro-batches to the pipeline depth.
 
@@ -137,8 +129,6 @@ def _union_length(intervals: list[tuple[int, int]]) -> int:
 
 def measured_bubble_fraction(timeline: Any) -> float:
     """The measured bubble: rank-time not covered by a forward or backward span.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Reads the spans the pipeline runtime records (those with an ``"op"`` argument, one per
     action) from a ``lk.trace.Timeline``; the window runs from the first action's start to

@@ -31,6 +31,7 @@ blocks the host (``Work.wait(timeout)``) until its message is there, on NCCL too
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,8 +75,6 @@ class PipelineResult:
 def stages_of_rank(rank: int, n_ranks: int, n_stages: int) -> list[int]:
     """The stages rank ``rank`` holds under round-robin placement: ``rank, rank + p, …``.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         rank: pipeline rank (in the pipeline's group).
         n_ranks: pipeline ranks ``p``.
@@ -94,8 +93,6 @@ def stages_of_rank(rank: int, n_ranks: int, n_stages: int) -> list[int]:
 
 def messages_in_order(schedule: Sequence[Sequence[Action | None]], n_stages: int) -> bool:
     """Whether, between every pair of ranks, messages are received in the order they are sent.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     gloo matches a receive to its send by tag, so any valid schedule runs on it; NCCL ignores
     tags and matches sends and receives between two ranks in order, so it needs this. Every
@@ -194,10 +191,9 @@ def run_schedule(
     group: dist.ProcessGroup | None = None,
     compute_s: float = 0.0,
     timeout_s: float = 300.0,
+    forward_context: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> PipelineResult:
     """Run this rank's row of ``schedule``: one training step's forwards and backwards.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     GPipe (Huang et al. 2019) and 1F1B (Narayanan et al. 2021) differ only in the schedule
     passed here. Gradients accumulate in the stages' parameters (zero them before a step);
@@ -220,6 +216,9 @@ def run_schedule(
         timeout_s: the longest any receive (or, at the end, a send) may wait; on NCCL too
             the wait blocks the host (``Work.wait(timeout)``), so a stage that never sends
             ends the step with an error instead of a hang.
+        forward_context: entered around each forward and the loss (e.g. bf16 autocast,
+            ``lk.precision.autocast``); the backward runs outside it, as ``torch.autocast``
+            recommends. None: nothing.
 
     Returns:
         PipelineResult: the loss (last stage's rank), peak activations in flight per stage,
@@ -242,6 +241,7 @@ def run_schedule(
             "ignores tags), and this schedule receives some messages out of order; use gloo"
         )
     wire = _Wire(group, n_ranks, timedelta(seconds=timeout_s))
+    context = forward_context or contextlib.nullcontext
     n_stages, m = len(shapes), len(inputs)
     last = n_stages - 1
     saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -260,7 +260,7 @@ def run_schedule(
             else:
                 x = wire.recv(inputs[i], shapes[s - 1], s - 1, _tag(s - 1, i, m, False), str(a))
                 x.requires_grad_(True)
-            with span(str(a), device=x.device, stage=s, op="F", microbatch=i):
+            with span(str(a), device=x.device, stage=s, op="F", microbatch=i), context():
                 y = stages[s](x)
                 if s == last:
                     y = loss_fn(y, targets[i]) / m  # mean over the whole batch

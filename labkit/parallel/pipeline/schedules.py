@@ -42,8 +42,6 @@ OPS: tuple[str, ...] = ("F", "B")
 class Action:
     """One unit of pipeline work: a forward or backward of one micro-batch on one stage.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Attributes:
         stage: the pipeline stage (0 … n_stages − 1).
         op: ``"F"`` (forward) or ``"B"`` (backward, input and weight gradients together).
@@ -63,8 +61,6 @@ Schedule = list[list[Action | None]]
 
 def rank_of_stage(stage: int, n_ranks: int) -> int:
     """The rank that holds ``stage`` under round-robin placement (stage ``s`` → ``s % p``).
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Args:
         stage: the pipeline stage.
@@ -93,8 +89,6 @@ def _needs(a: Action, n_stages: int) -> list[Action]:
 
 def place(orders: list[list[Action]], n_stages: int) -> Schedule:
     """Put each rank's ordered actions into aligned time slots, each as early as it can run.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     An action runs in slot ``t`` when it is next in its rank's order and everything it needs
     (``F`` of the previous stage; ``F`` of its own stage and ``B`` of the next for a ``B``)
@@ -144,8 +138,6 @@ def _check(n_ranks: int, n_microbatches: int) -> None:
 def gpipe(n_stages: int, n_microbatches: int) -> Schedule:
     """GPipe: every micro-batch forward through all stages, then every backward.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     One stage per rank. Huang et al. 2019 (GPipe), §2.3: with ``p`` stages and ``m``
     micro-batches the bubble is ``(p − 1)/(m + p − 1)`` of the time, and every stage holds
     the activations of all ``m`` micro-batches before its first backward.
@@ -171,8 +163,6 @@ def gpipe(n_stages: int, n_microbatches: int) -> Schedule:
 
 def one_f_one_b(n_stages: int, n_microbatches: int) -> Schedule:
     """1F1B (PipeDream-Flush): a few warm-up forwards, then alternate one forward, one backward.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Rank ``r`` of ``p`` runs ``min(p − 1 − r, m)`` warm-up forwards, then one forward and
     one backward in turn, then the remaining backwards (Narayanan et al. 2021, §2.1, Fig. 4).
@@ -204,8 +194,6 @@ def one_f_one_b(n_stages: int, n_microbatches: int) -> Schedule:
 
 def interleaved_one_f_one_b(n_ranks: int, n_microbatches: int, n_virtual: int) -> Schedule:
     """Interleaved 1F1B: ``v`` virtual stages per rank, micro-batches in groups of ``p``.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     ``p·v`` stages; rank ``r`` holds stages ``r, r + p, …``. Each rank runs the order of
     Megatron-LM's interleaved schedule (Narayanan et al. 2021, §2.2): its k-th forward is
@@ -252,8 +240,6 @@ def interleaved_one_f_one_b(n_ranks: int, n_microbatches: int, n_virtual: int) -
 
 def format_schedule(schedule: Schedule, width: int = 4) -> str:
     """The schedule as a text grid: one row per rank, one column per slot, ``.`` when idle.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Args:
         schedule: per rank, one entry per slot.

@@ -30,10 +30,7 @@ __all__ = ["ScheduleError", "validate"]
 
 
 class ScheduleError(ValueError):
-    """A schedule breaks a rule; ``rule``, ``rank`` and ``slot`` say which and where.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-    """
+    """A schedule breaks a rule; ``rule``, ``rank`` and ``slot`` say which and where."""
 
     def __init__(self, rule: str, message: str, rank: int | None = None, slot: int | None = None):
         where = "" if rank is None else f"rank {rank}, slot {slot}: "
@@ -74,8 +71,6 @@ def validate(
     schedule: Sequence[Sequence[Any]], n_stages: int, n_microbatches: int
 ) -> dict[Action, tuple[int, int]]:
     """Check that a schedule can run and computes every gradient exactly once.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     The invariants of GPipe (Huang et al. 2019, §2.2) and 1F1B (Narayanan et al. 2021, §2):
     see the module docstring for the six rules.
