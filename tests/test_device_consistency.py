@@ -472,7 +472,7 @@ def test_the_gpu_section_scan_finds_a_section_that_ignores_device():
 
 # 14, 15 and 17 are being reworked on their own branches; they still spell the choice inline
 # and print their note only when device/backend ask for CUDA explicitly.
-INLINE_CPU_LABS = {"14", "17"}
+INLINE_CPU_LABS: set[str] = set()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
