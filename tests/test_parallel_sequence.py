@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -35,8 +36,9 @@ LABKIT_BLOCK = {
     "bytes_per_element": 4,
     "attention": "flash",
     "dropout": False,
-    "layernorm_stats": True,
+    "layernorm_stat_bytes": 4,
 }
+MATH = LABKIT_BLOCK | {"attention": "softmax"}  # sdpa_kernel(MATH): the probabilities kept
 
 
 def _block() -> TransformerBlock:
@@ -93,6 +95,29 @@ def test_terms_without_the_regather_keep_the_gathered_inputs() -> None:
         lk.memory.block_activation_terms(s, b, h, a, tensor_parallel=0)
 
 
+def _saved_bytes(block: torch.nn.Module, x: torch.Tensor, kernel=None) -> int:
+    """Bytes autograd keeps for one forward of ``block`` (optionally under one SDPA kernel)."""
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(kernel) if kernel is not None else contextlib.nullcontext():
+        with lk.profile.saved_tensors(exclude=block.parameters()) as saved:
+            block(x)
+    return saved.total_bytes
+
+
+def test_unsplit_block_keeps_what_the_model_says() -> None:
+    from torch.nn.attention import SDPBackend
+
+    model, x = lk.memory.block_activation_bytes, _data()[0].requires_grad_(True)
+    assert _saved_bytes(_block(), x) == model(T, B, H, A, **LABKIT_BLOCK)
+    # the math kernel keeps the s×s probabilities: Korthikanti's attention, without dropout
+    assert _saved_bytes(_block(), x, SDPBackend.MATH) == model(T, B, H, A, **MATH)
+    # bf16 on the CPU: 2-byte activations, LayerNorm statistics in bf16 too, lse in fp32
+    half = _saved_bytes(_block().bfloat16(), x.detach().bfloat16().requires_grad_(True))
+    assert half == model(T, B, H, A, **LABKIT_BLOCK | {"bytes_per_element": 2,
+                                                      "layernorm_stat_bytes": 2})  # fmt: skip
+
+
 def test_collective_counts_and_bytes_per_rank() -> None:
     cost = lk.costmodel
     assert cost.tensor_parallel_collectives(3) == {
@@ -145,14 +170,17 @@ def _run(model, x, w, recording, after):
 
 
 def _labkit_case(regather: bool, g_ref):
+    from torch.nn.attention import SDPBackend
+
     recording = lk.backends.recording
     block = sp.apply_sequence_parallel(_block(), regather=regather)
     x, w = (sp.split_sequence(t) for t in _data())
     x.requires_grad_(True)
     y, saved, ops = _run(block, x, w, recording, lambda: sp.reduce_sequence_parallel_grads(block))
     grads = {n: p.grad for n, p in block.named_parameters()}
+    math = _saved_bytes(block, x.detach().requires_grad_(True), SDPBackend.MATH)  # a forward more
     return {"y": y, "x_grad": x.grad, "grads": grads, "want": tp.matching_slices(block, g_ref),
-            "saved": saved, "ops": ops}  # fmt: skip
+            "saved": saved, "saved_math": math, "ops": ops}  # fmt: skip
 
 
 def _dtensor_case(world_size: int):
@@ -227,6 +255,10 @@ def test_sequence_parallel_equals_unsplit_counted_and_measured(world_size: int) 
             want = model(T, B, H, A, tensor_parallel=p, sequence_parallel=True,
                          regather=regather, **LABKIT_BLOCK)  # fmt: skip
             assert got["saved"] == want, (case, got["saved"], want)
+            if case != "dtensor":  # with the probabilities kept: Korthikanti's 5as/(ht) part
+                want = model(T, B, H, A, tensor_parallel=p, sequence_parallel=True,
+                             regather=regather, **MATH)  # fmt: skip
+                assert got["saved_math"] == want, (case, got["saved_math"], want)
         assert res["tp_saved"] == model(T, B, H, A, tensor_parallel=p, **LABKIT_BLOCK)
     # what the lesson prints: per rank, SP keeps 1/p of the unsplit block's activations here
     assert out[0]["regather"]["saved"] * p == saved_ref

@@ -22,13 +22,16 @@ assumption                    Korthikanti §4.1        ``labkit.models.Transform
 ``attention``                 ``"softmax"``: the      ``"flash"``: ``scaled_dot_product_attention``
                               s×s probabilities       (CPU flash kernel) keeps its output and a
                               (and their dropout)     fp32 log-sum-exp per row, never s×s
-``layernorm_stats``           not counted             mean and 1/σ per token, fp32 (2 per norm)
+``layernorm_stat_bytes``      0 (not counted)         4: mean and 1/σ per token (2 per norm)
 ``ffn_hidden``                4h                      as built (4h by default)
 ``regather``                  yes (§4.2.2)            ``SequenceParallel*(regather=...)``
 ============================  ======================  ==========================================
 
-"flash" is what selective recomputation (§5) asks for: the 5as/h term is gone.
-Pure arithmetic: no torch.
+"flash" is what selective recomputation (§5) asks for: the 5as/h term is gone. With
+``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` the same block keeps the probabilities
+instead — ``attention="softmax"`` (q and k scaled by √scale are kept in place of q and k: the
+same bytes). LayerNorm's statistics are fp32 for fp32 inputs; on the CPU a bf16 LayerNorm keeps
+them in bf16 (2 bytes). Pure arithmetic: no torch.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ __all__ = ["ATTENTION_KINDS", "block_activation_bytes", "block_activation_terms"
 
 ATTENTION_KINDS = ("softmax", "flash")
 MASK_BYTES = 1  # a dropout mask: torch's bool, Korthikanti's "1 byte"
-STAT_BYTES = 4  # LayerNorm's mean and 1/σ, kept in fp32
+LSE_BYTES = 4  # attention's log-sum-exp per query row, fp32 whatever the inputs
 
 
 def block_activation_terms(
@@ -52,7 +55,7 @@ def block_activation_terms(
     bytes_per_element: int = 2,
     attention: str = "softmax",
     dropout: bool = True,
-    layernorm_stats: bool = False,
+    layernorm_stat_bytes: int = 0,
     regather: bool = True,
 ) -> dict[str, float]:
     """Bytes of each tensor one pre-norm transformer block keeps for backward, on one rank.
@@ -72,7 +75,8 @@ def block_activation_terms(
         attention: ``"softmax"`` keeps the s×s softmax output; ``"flash"`` keeps the output's
             fp32 log-sum-exp per row instead (its output is the projection's input, counted once).
         dropout: dropout after the softmax, the attention and the MLP (1-byte masks).
-        layernorm_stats: count LayerNorm's fp32 mean and 1/σ per token.
+        layernorm_stat_bytes: bytes of each of LayerNorm's mean and 1/σ per token (4: fp32;
+            0: not counted, as Korthikanti does).
         regather: with sequence parallelism, the GEMMs after an all-gather keep this rank's s/t
             tokens and gather again in backward (§4.2.2); False: they keep all s.
 
@@ -80,8 +84,11 @@ def block_activation_terms(
         dict[str, float]: tensor name → bytes, in the block's order; sum it for the total.
 
     Raises:
-        ValueError: non-positive sizes, or an unknown ``attention``.
+        ValueError: non-positive sizes, negative ``layernorm_stat_bytes``, or an unknown
+            ``attention``.
     """
+    if isinstance(layernorm_stat_bytes, bool) or layernorm_stat_bytes < 0:
+        raise ValueError(f"layernorm_stat_bytes must be an int >= 0, got {layernorm_stat_bytes!r}")
     f = 4 * hidden if ffn_hidden is None else ffn_hidden
     for name, v in (
         ("seq_len", seq_len),
@@ -103,8 +110,8 @@ def block_activation_terms(
 
     def norm(i: int) -> dict[str, float]:
         out = {f"ln{i} input": e * sbh / t_sp}
-        if layernorm_stats:
-            out[f"ln{i} mean and 1/σ"] = 2 * STAT_BYTES * s * b / t_sp
+        if layernorm_stat_bytes:
+            out[f"ln{i} mean and 1/σ"] = 2 * layernorm_stat_bytes * s * b / t_sp
         return out
 
     terms = norm(1)
@@ -116,7 +123,7 @@ def block_activation_terms(
             terms["softmax dropout mask"] = MASK_BYTES * a * s * s * b / t
             terms["softmax dropout output"] = e * a * s * s * b / t
     else:
-        terms["log-sum-exp"] = STAT_BYTES * a * s * b / t
+        terms["log-sum-exp"] = LSE_BYTES * a * s * b / t
     terms["projection input"] = e * sbh / t
     if dropout:
         terms["attention dropout mask"] = MASK_BYTES * sbh / t_sp
