@@ -96,7 +96,8 @@ def work_per_rank(world_size: int, layout: str, causal: bool = True) -> list[flo
     """Blocks (chunk × chunk score matrices) each rank computes over a whole ring pass.
 
     A diagonal block counts ½ (half its scores are masked). Contiguous causal: rank r computes
-    r + ½ blocks of its size; zig-zag: every rank 2p (¼-size blocks), the same on every rank.
+    r + ½ blocks of (s/p)² scores, from ½ to p − ½; zig-zag: every rank 2p blocks of (s/2p)²
+    scores — p/2 of the contiguous size, the mean of the contiguous ranks' work.
 
     Args:
         world_size: p.
