@@ -16,7 +16,8 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 (``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
-sizes). Nothing here imports torch.
+sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
+notebooks 13 and 14). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ from labkit.costmodel.predict import (
     predict_all,
     what_if,
 )
+from labkit.costmodel.ring_attention import RingTraffic, ring_attention_traffic
+from labkit.costmodel.sequence_parallel import (
+    sequence_parallel_collectives,
+    tensor_parallel_collectives,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -48,6 +54,7 @@ __all__ = [
     "DEFAULT_ALGORITHM",
     "LABELS",
     "PRESETS",
+    "RingTraffic",
     "SEGMENTED",
     "CostTerms",
     "Network",
@@ -64,5 +71,8 @@ __all__ = [
     "powersgd_numel",
     "predict",
     "predict_all",
+    "ring_attention_traffic",
+    "sequence_parallel_collectives",
+    "tensor_parallel_collectives",
     "what_if",
 ]
