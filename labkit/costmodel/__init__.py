@@ -17,7 +17,7 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
 sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
-notebooks 13 and 14). Nothing here imports torch.
+notebooks 13 and 18). Nothing here imports torch.
 """
 
 from __future__ import annotations

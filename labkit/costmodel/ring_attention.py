@@ -1,6 +1,6 @@
 """Messages and bytes of ring attention per rank, forward and backward (counts only).
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 Liu et al. 2023, "Ring Attention", §3: with the sequence on p ranks, each rank's K and V blocks
 (b·s/p·h elements each, h = heads × head dim) travel p−1 hops in forward: every rank sends

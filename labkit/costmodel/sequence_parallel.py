@@ -1,6 +1,6 @@
 """Collectives of tensor vs sequence parallelism per transformer block and step (counts only).
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 Shoeybi et al. 2019, §3: a tensor-parallel block all-reduces its activations twice in forward
 (``g`` after the attention and after the MLP) and once per column-parallel input in backward

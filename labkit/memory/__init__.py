@@ -17,8 +17,8 @@ The paper counts GB as 10⁹ bytes (7.5B parameters · 16 bytes = 120 GB). Pure 
 processes, no torch.distributed. ``zero_rank_bytes`` sizes the same states for a real
 ``nn.Module`` sharded as one padded flat buffer; ``activation_bytes_per_layer`` is the
 activation model of a transformer layer (Korthikanti et al. 2022), ``block_activation_terms``
-the same tensor by tensor, with its assumptions as arguments (notebook 13_sequence_parallel),
-``attention_saved_bytes`` plain attention's s×s against ring attention's blocks (notebook 14).
+the same tensor by tensor, with its assumptions as arguments (notebook 15),
+``attention_saved_bytes`` plain attention's s×s against ring attention's blocks (notebook 16).
 
     lk.memory.zero_memory(7.5e9, dp_degree=64, stage=1).total_gb   # 31.40625 (paper: 31.4)
     lk.memory.table()                                              # rows for 1.5B–1T × DP

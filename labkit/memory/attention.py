@@ -1,6 +1,6 @@
 """What attention keeps for backward, and its largest score matrix: whole, or ring by blocks.
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 The plain attention softmax(QKᵀ)V keeps the s×s probabilities per head for backward (Korthikanti
 et al. 2022, §4.1: 2as²b bytes in 16 bits, the 5as/h term's largest part), and a causal mask of

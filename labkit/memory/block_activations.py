@@ -1,6 +1,6 @@
 """What one transformer block keeps for backward, tensor by tensor (Korthikanti et al. 2022, §4).
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022,
 §4.1 counts the bytes a GPT layer stores for backward with 16-bit activations and 1-byte

@@ -3,7 +3,7 @@
 Introduced in notebooks/06_data_parallel.ipynb (``ddp``); later notebooks add ``async_sgd``,
 ``model_split``, ``pipeline``, ``tensor``, ``sequence``, ``context``, ``zero``, ``dims`` (the
 dp × pp × tp rank grid) and ``compose`` (the ``apply_*`` chain that combines them, notebook
-14). Import the submodule you need, e.g. ``from labkit.parallel import ddp`` or
+18). Import the submodule you need, e.g. ``from labkit.parallel import ddp`` or
 ``lk.parallel.ddp`` (loaded on first use).
 """
 

@@ -1,6 +1,6 @@
 """The dp × pp × tp rank grid: degrees, coordinates, groups, in one place and without torch.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb; the capstone (notebooks/17_capstone.ipynb),
+Introduced in notebooks/18_hybrid_parallel.ipynb; the capstone (notebooks/21_capstone.ipynb),
 the planner (``labkit.planner``) and ``labkit.mesh`` all lay their ranks out with it.
 
 ``ParallelDims(dp, pp, tp)`` names how the ranks are shared among data, pipeline and tensor
@@ -188,7 +188,7 @@ class ParallelDims:
         firsts = sorted(self.rank(**dict(zip(names, c, strict=True))) for c in product(*others))
         return [[first + i * step for i in range(n)] for first in firsts]
 
-    group_ranks = groups  # the name notebooks/14_hybrid_parallel.ipynb and its exercise use
+    group_ranks = groups  # the name notebooks/18_hybrid_parallel.ipynb and its exercise use
 
     def group_of(self, rank: int, axis: str) -> list[int]:
         """The ranks of ``rank``'s group along ``axis`` (``rank`` among them).

@@ -1,6 +1,6 @@
 """Profiling a distributed step, and speedups measured against a baseline in the same run.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 Inside each rank (a function run by ``lk.launch``)::
 
@@ -15,8 +15,8 @@ In the notebook::
     print(table.format())
 
 ``measure_speedups`` (run on every rank) times a baseline and its variants in interleaved
-rounds. ``saved_tensors`` (notebooks 13–14) records what autograd keeps for backward,
-``largest_tensor`` (notebook 14) the largest tensor a block of code makes.
+rounds. ``saved_tensors`` (notebooks 15–16) records what autograd keeps for backward,
+``largest_tensor`` (notebook 16) the largest tensor a block of code makes.
 Importing this package imports torch only when a profile is taken.
 """
 

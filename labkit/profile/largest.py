@@ -1,6 +1,6 @@
 """The largest tensor a block of code creates: where a score matrix shows its size.
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 ``saved_tensors`` says what a forward keeps until backward; this says how big the biggest
 tensor made on the way was — the s×s scores of plain attention, one (s/n)×(s/n) block of ring

@@ -1,6 +1,6 @@
 """What autograd keeps for backward: the saved tensors of a forward, counted once each.
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 Every tensor an operation saves for its backward passes through the ``pack`` hook of
 ``torch.autograd.graph.saved_tensors_hooks``; :func:`saved_tensors` records them while a forward

@@ -1,6 +1,6 @@
 """Composing the techniques: one ``apply_*`` per parallelism, applied in one documented order.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb; notebooks/17_capstone.ipynb and
+Introduced in notebooks/18_hybrid_parallel.ipynb; notebooks/21_capstone.ipynb and
 ``labkit.scripts.train_gpt`` build every strategy with it.
 
 Each technique of the course is one verb that takes the module and the mesh or group it acts
@@ -11,7 +11,7 @@ on, in the manner of torchtitan's ``parallelize_llama``
 - ``apply_tp(module, plan, tp, style)``: Megatron's column/row-parallel layers from scratch
   (notebook 12) or DTensor's ``parallelize_module`` (needed under FSDP2);
 - ``apply_sp(module, tp, style)``: tensor *and* sequence parallelism of the transformer blocks
-  on the same tp axis (Korthikanti et al. 2022; notebook 13_sequence_parallel), in place of
+  on the same tp axis (Korthikanti et al. 2022; notebook 15), in place of
   ``apply_tp`` when ``parallelize(..., sp=True)``;
 - ``apply_ac(module, names)``: activation checkpointing of the named blocks;
 - ``apply_ddp(module, dp_group)`` (notebook 07), ``apply_zero(module, stage, dp_group)`` or

@@ -1,6 +1,6 @@
 """``apply_ac``: activation checkpointing of whole blocks, names kept.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb.
+Introduced in notebooks/18_hybrid_parallel.ipynb.
 
 A checkpointed block keeps only its input during forward; backward runs its forward again to
 rebuild what it needs (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"):

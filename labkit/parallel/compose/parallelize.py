@@ -1,13 +1,13 @@
 """``parallelize``: the one chain of ``apply_*`` calls, each gated by the degrees, in one order.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (the order and why: ``labkit.parallel.compose``).
+Introduced in notebooks/18_hybrid_parallel.ipynb (the order and why: ``labkit.parallel.compose``).
 
 torchtitan's ``parallelize_llama`` in miniature: ``if parallel_dims.tp_enabled: apply_tp(...)``,
 then activation checkpointing, then ``apply_fsdp`` or ``apply_ddp`` on the dp mesh, after
 ``pipeline_llama`` has cut the stage. The result, ``Parallelized``, is what a training loop
 needs whatever the strategy: the module to run, the ``Piece`` objects the optimizer updates (named
 as in the unsplit model), the object that reduces the gradients, and the chain of calls made
-(``chain``, printed by notebooks 14 and 17).
+(``chain``, printed by notebooks 18 and 21).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``apply_sp``: tensor parallelism with sequence parallelism, on the tp axis, in one call.
 
-Introduced in notebooks/13_sequence_parallel.ipynb (the composition layer is notebook 14's).
+Introduced in notebooks/15_sequence_parallel.ipynb (the composition layer is notebook 18's).
 
 Sequence parallelism (Korthikanti et al. 2022, §4.2.2) is not a new mesh axis: it runs on the
 tensor-parallel ranks, sharding along the sequence what tensor parallelism leaves replicated

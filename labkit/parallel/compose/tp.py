@@ -1,6 +1,6 @@
 """``apply_tp``: tensor parallelism from one plan, by labkit's Megatron layers or by DTensor.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (the two implementations are notebook 12's).
+Introduced in notebooks/18_hybrid_parallel.ipynb (the two implementations are notebook 12's).
 
 The plan maps submodule names to ``"colwise"`` / ``"rowwise"`` (torchtitan's ``apply_tp``
 spells the same plan with ``ColwiseParallel()`` / ``RowwiseParallel()``). Two styles:

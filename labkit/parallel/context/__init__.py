@@ -1,6 +1,6 @@
 """Context parallelism: attention over a sequence sharded across ranks (ring attention).
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 ``layout`` cuts the sequence (contiguous, or zig-zag for a balanced causal mask),
 ``online_softmax`` computes attention one key block at a time and merges the blocks exactly,

@@ -1,6 +1,6 @@
 """How a sequence is laid out over context-parallel ranks: contiguous or zig-zag (load-balanced).
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 Ring attention (Liu, Zaharia and Abbeel 2023, "Ring Attention with Blockwise Transformers for
 Near-Infinite Context") gives each of p ranks a block of the sequence. With a causal mask a

@@ -1,6 +1,6 @@
 """Attention one block of keys at a time: the online (log-sum-exp) softmax and its backward.
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 softmax over all keys need not see all keys at once (Milakov and Gimelshein 2018, "Online
 normalizer calculation for softmax"; Rabe and Staats 2021; FlashAttention, Dao et al. 2022, §3.1).

@@ -1,6 +1,6 @@
 """Ring attention: attention over a sequence sharded across ranks, K/V blocks passed round a ring.
 
-Introduced in notebooks/14_context_parallel.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
 Liu, Zaharia and Abbeel 2023, "Ring Attention with Blockwise Transformers for Near-Infinite
 Context", §3: each of p ranks holds s/p of the queries, keys and values (a ``layout``). In p

@@ -1,6 +1,6 @@
 """Sequence parallelism (Korthikanti et al. 2022): LayerNorm regions sharded along the sequence.
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 ``comm`` holds the operators (``g``: all-gather forward, reduce-scatter backward; ``ḡ``: the
 reverse; the region's entry and exit), ``layers`` the sequence-parallel attention and MLP

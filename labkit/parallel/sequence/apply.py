@@ -1,6 +1,6 @@
 """``apply_sequence_parallel``: make transformer blocks tensor- *and* sequence-parallel, in place.
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 Korthikanti et al. 2022, §4.2.2. In each block the attention and the MLP become
 ``SequenceParallelAttention`` / ``SequenceParallelMLP`` (heads and inner columns split as in

@@ -1,6 +1,6 @@
 """Sequence parallelism's operators: scatter, all-gather and reduce-scatter along the sequence.
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.2.2
 and Figure 5: tensor parallelism (Shoeybi et al. 2019, §3) leaves the LayerNorms and dropouts

@@ -1,6 +1,6 @@
 """Sequence parallelism with DTensor: ``SequenceParallel`` and the ``*Parallel`` layouts.
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 The same block as ``labkit.parallel.sequence.apply``, spelled as a
 ``torch.distributed.tensor.parallel.parallelize_module`` plan, the way torchtitan's

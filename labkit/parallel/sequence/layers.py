@@ -1,6 +1,6 @@
 """Sequence-parallel attention and MLP: all-gather into the column GEMMs, reduce-scatter out.
 
-Introduced in notebooks/13_sequence_parallel.ipynb.
+Introduced in notebooks/15_sequence_parallel.ipynb.
 
 Korthikanti et al. 2022, §4.2.2, Figure 5. Each module takes this rank's tokens (B, T/p, h)
 and returns them: the input is all-gathered (``g``) into the column-parallel GEMMs (q, k, v;
