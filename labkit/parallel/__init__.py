@@ -2,7 +2,8 @@
 
 Introduced in notebooks/06_data_parallel.ipynb (``ddp``); later notebooks add ``async_sgd``,
 ``model_split``, ``pipeline``, ``tensor``, ``zero``, ``dims`` (the dp × pp × tp rank
-grid) and ``compose`` (the ``apply_*`` chain that combines them, notebook 14). Import the
+grid), ``compose`` (the ``apply_*`` chain that combines them, notebook 14) and ``moe``
+(mixture of experts and expert parallelism). Import the
 submodule you need, e.g. ``from labkit.parallel import ddp`` or ``lk.parallel.ddp`` (loaded
 on first use).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = frozenset(
-    "accumulate async_sgd compose ddp dims model_split pipeline tensor zero".split()
+    "accumulate async_sgd compose ddp dims model_split moe pipeline tensor zero".split()
 )
 
 
