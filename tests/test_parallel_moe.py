@@ -95,6 +95,8 @@ def test_load_balancing_loss_is_one_when_balanced_and_n_when_collapsed() -> None
     moe.load_balancing_loss(p, e).backward()
     f = torch.bincount(e[:, 0], minlength=E).float() / 8
     torch.testing.assert_close(p.grad, (E * f / 8).expand(8, E))
+    empty = moe.load_balancing_loss(torch.zeros(0, E), torch.zeros(0, 1, dtype=torch.long))
+    assert empty.item() == 0.0  # a rank without tokens adds nothing (not NaN)
 
 
 def test_switch_top1_needs_the_raw_probability_for_the_router_to_learn() -> None:
@@ -236,10 +238,24 @@ def _ep_dp_case(rank: int, world_size: int) -> dict:
     }  # fmt: skip
 
 
+def _empty_rank_case(rank: int, world_size: int, impl: str) -> dict:
+    """Rank 0 has no tokens this step: it still joins every exchange, with empty splits."""
+    layer = moe.MoELayer(D, 4, D_FF, top_k=2, capacity_factor=1.0, seed=3)
+    ep = moe.ExpertParallelMoE(layer, None, impl)
+    x = _case_data(2, False)[0][: 0 if rank == 0 else T].clone().requires_grad_()
+    y = ep(x)
+    (y.square().sum() + ep.aux_loss).backward()
+    grads = {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
+    return {"y": y.detach(), "x_grad": x.grad, "aux": ep.aux_loss.item(), "grads": grads}
+
+
 def _all(rank: int, world_size: int) -> dict:
     return {
         "dispatch": [_dispatch_case(rank, world_size, *c) for c in CASES[world_size]],
         "ep_dp": _ep_dp_case(rank, world_size) if world_size == 4 else None,
+        "empty": [_empty_rank_case(rank, world_size, i) for i in moe.IMPLS]
+        if world_size == 2
+        else None,
     }
 
 
@@ -337,6 +353,21 @@ def test_all_to_all_messages_and_bytes_follow_the_routing(world_size, index) -> 
             dtypes = ["int64"] + ["float32"] * 4
             assert a2a == list(zip(moe_all_to_all_bytes(S, R, D, n_experts), dtypes, strict=True))
             assert not any(op in ("send", "isend") for op, *_ in out["ops"])
+
+
+@pytest.mark.parametrize("impl", moe.IMPLS)
+def test_a_rank_without_tokens_takes_part_with_empty_splits(impl) -> None:
+    out = [r["empty"][moe.IMPLS.index(impl)] for r in _runs(2)]
+    layer = moe.MoELayer(D, 4, D_FF, top_k=2, capacity_factor=1.0, seed=3)
+    x = _case_data(2, False)[0][:T].clone().requires_grad_()
+    y = layer(x)  # rank 1's tokens alone: rank 0 sent nothing
+    (y.square().sum() + layer.aux_loss).backward()
+    assert out[0]["y"].shape == (0, D) and out[0]["aux"] == 0.0
+    torch.testing.assert_close(out[1]["y"], y.detach(), **TOL)
+    torch.testing.assert_close(out[1]["x_grad"], x.grad, **TOL)
+    for name, p in layer.named_parameters():
+        got = [o["grads"][name] for o in out if name in o["grads"]]
+        torch.testing.assert_close(sum(got), p.grad, **TOL, msg=name)
 
 
 def _ep_dp_reference() -> tuple[nn.Module, list[moe.Routing]]:

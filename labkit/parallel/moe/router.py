@@ -112,9 +112,12 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
             GShard's ``c_e`` also counts top-1).
 
     Returns:
-        torch.Tensor: a scalar, 1.0 for perfectly balanced routing; gradient through ``P``.
+        torch.Tensor: a scalar, 1.0 for perfectly balanced routing; gradient through ``P``;
+        0 for a group without tokens (a rank may get none).
     """
     n_experts = probs.shape[-1]
+    if probs.shape[0] == 0:
+        return probs.sum()  # 0, still in the graph
     f = torch.bincount(experts[:, 0], minlength=n_experts).to(probs.dtype) / probs.shape[0]
     return n_experts * (f * probs.mean(dim=0)).sum()
 
