@@ -23,9 +23,8 @@ in-flight limit) — so it idles ``2p − 1 − min(p, m)`` slots, and never aga
 ``W``'s fill every later gap). The step takes ``2m + p − 1 + max(m, p)`` slots: for ``m ≥ p``,
 ``3m + p − 1``, a bubble of ``(p − 1)/(3m + p − 1)``. 1F1B with the same costs (its backward
 ``B + W`` is two slots) takes ``3(m + p − 1)``: ``3(p − 1)`` idle slots per rank against
-ZB-H1's ``p − 1`` — a third (the paper's ``(p − 1)(T_F + T_B + T_W)`` against
-``(p − 1)(T_F + T_B − T_W)``). The fraction ``(p − 1)/(m + p − 1)`` is unchanged for 1F1B, and
-ZB-H1's is ``1/3`` of its bubble *time* in a step that is shorter too.
+ZB-H1's ``p − 1`` — a third of 1F1B's bubble time (the paper's ``(p − 1)(T_F + T_B + T_W)``
+against ``(p − 1)(T_F + T_B − T_W)``), while 1F1B's fraction stays ``(p − 1)/(m + p − 1)``.
 
 Memory: a micro-batch's activations live from its ``F`` to its ``W``. Rank ``r`` delays
 ``r`` ``W``'s on top of its ``p − 1 − r`` warm-up forwards, so every rank holds at most
