@@ -17,7 +17,8 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
 sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
-notebooks 13 and 18). Nothing here imports torch.
+notebooks 15 and 16), ``moe`` (expert capacity and the all-to-all bytes of expert
+parallelism). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from labkit.costmodel.formulas import (
     CostTerms,
     cost_terms,
 )
+from labkit.costmodel.moe import expert_capacity, moe_all_to_all_bytes, uniform_tokens_sent
 from labkit.costmodel.network import PRESETS, Network, fit
 from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
 from labkit.costmodel.predict import (
@@ -66,7 +68,9 @@ __all__ = [
     "busbw_factor",
     "cost_terms",
     "crossover_bytes",
+    "expert_capacity",
     "fit",
+    "moe_all_to_all_bytes",
     "pipelined_tree_terms",
     "powersgd_numel",
     "predict",
@@ -74,5 +78,6 @@ __all__ = [
     "ring_attention_traffic",
     "sequence_parallel_collectives",
     "tensor_parallel_collectives",
+    "uniform_tokens_sent",
     "what_if",
 ]

@@ -207,6 +207,34 @@ class ParallelDims:
         first = rank - c[axis] * self.stride(axis)
         return [first + i * self.stride(axis) for i in range(self.degree(axis))]
 
+    def expert_groups(self, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Expert parallelism inside the dp axis: the ep groups and the expert-dp groups.
+
+        Expert parallelism borrows its ranks from data parallelism, as torchtitan's
+        ``ParallelDims`` does (its ``ep`` divides the data-parallel shard degree): every dp rank
+        keeps its own tokens; in each dp group, ``ep`` consecutive dp ranks share the experts
+        among them (an **ep group**: the ranks of the all-to-all), and ranks ``ep`` apart hold
+        the same experts (an **expert-dp group**: where the experts' gradients are summed).
+        The dense layers and the router stay replicated over the whole dp group.
+
+        Args:
+            ep: ranks per ep group; divides ``dp``.
+
+        Returns:
+            ``(ep_groups, edp_groups)``: each a list of sorted rank lists ordered by first rank;
+            each partitions the ranks. ``dp=4, ep=2``: ``[[0, 1], [2, 3]]``, ``[[0, 2], [1, 3]]``.
+
+        Raises:
+            ValueError: ``ep`` is not an int ≥ 1 dividing ``dp``.
+        """
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or self.dp % ep:
+            raise ValueError(f"ep must be an int >= 1 dividing dp({self.dp}), got {ep!r}")
+        ep_groups, edp_groups = [], []
+        for g in self.groups("dp"):
+            ep_groups += [g[i : i + ep] for i in range(0, len(g), ep)]
+            edp_groups += [g[j::ep] for j in range(ep)]
+        return sorted(ep_groups), sorted(edp_groups)
+
     def nodes_spanned(self, axis: str, per_node: int) -> int:
         """The most nodes any group of ``axis`` touches, with ranks numbered node by node.
 
