@@ -16,7 +16,8 @@ In the notebook::
 
 ``measure_speedups`` (run on every rank) times a baseline and its variants in interleaved
 rounds. ``saved_tensors`` (notebooks 15–16) records what autograd keeps for backward,
-``largest_tensor`` (notebook 16) the largest tensor a block of code makes.
+``largest_tensor`` (notebook 16) the largest tensor a block of code makes; ``count_flops``
+and ``mfu`` (``mfu.py``) the model FLOPs of a step and the share of the peak they use.
 Importing this package imports torch only when a profile is taken.
 """
 
@@ -30,6 +31,7 @@ from labkit.profile.gpu_memory import (
     cuda_tensor_bytes,
 )
 from labkit.profile.largest import LargestTensor, largest_tensor
+from labkit.profile.mfu import count_flops, dense_training_flops, mfu
 from labkit.profile.profiler import (
     CommComputeRow,
     OpRow,
@@ -70,15 +72,18 @@ __all__ = [
     "check_profiler_trace",
     "collective_threads",
     "comm_compute",
+    "count_flops",
     "cuda_block_bytes",
     "cuda_memory",
     "cuda_tensor_bytes",
+    "dense_training_flops",
     "gpu_kernels",
     "is_comm_op",
     "is_nccl_kernel",
     "largest_tensor",
     "measure_speedups",
     "merge_traces",
+    "mfu",
     "nccl_overlap",
     "profile_steps",
     "saved_tensors",
