@@ -5,7 +5,7 @@ Introduced in notebooks/13_zero_and_fsdp.ipynb.
 FSDP2 (``fully_shard``) all-gathers each unit's parameters before its forward and again
 before its backward (``reshard_after_forward=True``), and reduce-scatters its gradients after
 its backward (Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully Sharded Data
-Parallel", VLDB, §3.3: backward and forward prefetching). ``fsdp_step_s`` plays such a step
+Parallel", VLDB: its backward and forward prefetching). ``fsdp_step_s`` plays such a step
 out on a rank whose collectives share one link that carries one at a time
 (``labkit.backends.simlink``), in one of two ways:
 
