@@ -6,7 +6,10 @@ Model FLOPs utilisation (MFU, Chowdhery et al. 2022, "PaLM", Appendix B) divides
 training step needs by the time it took and by the device's peak rate. A data sheet gives a
 GPU's peak; for a CPU rank the honest peak is what a large matrix product reaches in the same
 conditions as training — the same dtype, the same threads per rank, the other ranks running
-beside it — so ``peak_flops`` measures it. An n × n product costs 2n³ FLOPs (n³ multiply-adds)::
+beside it — so ``peak_flops`` measures it, and keeps the fastest of its products: a peak is the
+best the machine does, and on a shared machine the slower products are the disturbed ones (as
+``lk.bench.alpha_beta_fit(stat="min")`` keeps the fastest round trips). An n × n product costs
+2n³ FLOPs (n³ multiply-adds)::
 
     peak = lk.bench.peak_flops(n=512, threads=torch.get_num_threads())   # inside a rank
     lk.profile.mfu(flops_per_step, step_s, peak.flops_per_s)
@@ -32,12 +35,12 @@ class PeakFlops:
     """A measured matrix-product rate.
 
     Attributes:
-        flops_per_s: 2n³ over the median time of one product.
+        flops_per_s: 2n³ over the fastest product's time: the peak.
         n: the matrices' size (n × n).
         dtype: e.g. "float32".
         threads: intra-op threads during the measurement (``torch.get_num_threads()``).
         device: where it ran, e.g. "cpu" or "cuda:0".
-        seconds: the median time of one product.
+        seconds: the fastest product's time.
         times_s: every timed product.
     """
 
@@ -53,6 +56,11 @@ class PeakFlops:
     def gflops(self) -> float:
         return self.flops_per_s / 1e9
 
+    @property
+    def median_flops_per_s(self) -> float:
+        """2n³ over the median product's time: the typical rate, below the peak."""
+        return 2 * self.n**3 / statistics.median(self.times_s)
+
 
 def peak_flops(
     n: int = 512,
@@ -63,7 +71,7 @@ def peak_flops(
     device: Any = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> PeakFlops:
-    """Time ``repeats`` products of two n × n matrices and return the median rate.
+    """Time ``repeats`` products of two n × n matrices and return the fastest one's rate.
 
     Args:
         n: matrix size (at least 1); large enough that the product, not its call, dominates.
@@ -105,7 +113,7 @@ def peak_flops(
         used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-    t = statistics.median(samples)
+    t = min(samples)
     return PeakFlops(
         flops_per_s=2 * n**3 / t,
         n=n,

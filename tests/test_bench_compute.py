@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
 import labkit as lk
 
 
-def test_rate_is_two_n_cubed_over_the_median_product() -> None:
-    ticks = itertools.count(step=0.25)  # start, end, start, ...: every product takes 0.25 s
+def test_peak_is_two_n_cubed_over_the_fastest_product() -> None:
+    # clock readings: the warm-up's start, then start, end per product: 0.25, 0.25, 1.0 s
+    ticks = iter([0.0, 1.0, 1.25, 2.0, 2.25, 3.0, 4.0])
     got = lk.bench.peak_flops(n=8, repeats=3, warmup=1, clock=lambda: next(ticks))
-    assert got.seconds == 0.25 and got.times_s == (0.25, 0.25, 0.25)
+    assert got.times_s == (0.25, 0.25, 1.0) and got.seconds == 0.25  # warm-up dropped
     assert got.flops_per_s == 2 * 8**3 / 0.25 and got.gflops == got.flops_per_s / 1e9
+    assert got.median_flops_per_s == got.flops_per_s  # the median product took 0.25 s too
     assert (got.n, got.dtype, got.device) == (8, "float32", "cpu")
 
 
