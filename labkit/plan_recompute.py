@@ -9,7 +9,7 @@ memory and time. Pure arithmetic, no torch.
   full, at 16 bits, with t = tp), plus, when something is recomputed, what one layer rebuilds
   during its own backward — recomputation runs one layer (one micro-batch) at a time, so the
   peak is what every layer keeps plus one layer's rebuilt tensors (Chen et al., "Training Deep
-  Nets with Sublinear Memory Cost", 2016, §4: kept boundaries plus one segment);
+  Nets with Sublinear Memory Cost", 2016: the kept checkpoints plus one segment recomputed);
 - compute: full recomputation runs the forward again, 2Ψ FLOPs per token (a step of 6Ψ
   becomes 8Ψ: Narayanan et al. 2021, Appendix); selective recomputes the attention core of
   every layer, QKᵀ and attention-over-V, 4bs²h per layer and micro-batch (Korthikanti et al.

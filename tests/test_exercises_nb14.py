@@ -8,12 +8,22 @@ heads, MLP widths that are not 4h), in every recompute mode and with both attent
 from __future__ import annotations
 
 import pytest
+import torch
 
 import labkit as lk
 from labkit.exercises import ExerciseFailed, nb14
 
 NAME = "14_saved_bytes"
 MODES = ("none", "selective", "full")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models in this process: one thread is faster than two on a shared 2-core CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_reference_passes_its_checker() -> None:

@@ -30,6 +30,15 @@ SHAPES = [(2, 8, 16, 4, 64), (3, 5, 12, 3, 20)]  # (B, T, h, heads, MLP width): 
 KERNELS = {"flash": None, "softmax": SDPBackend.MATH}  # what sdpa runs → the model's attention
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models in this process: one thread is faster than two on a shared 2-core CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _labkit(f: int, attention: str) -> dict:
     """labkit's block as it runs here: fp32, no dropout, fp32 LayerNorm statistics."""
     return {"ffn_hidden": f, "bytes_per_element": 4, "attention": attention, "dropout": False,
