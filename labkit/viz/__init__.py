@@ -25,6 +25,7 @@ from labkit.viz.model_split import stage_memory
 from labkit.viz.p2p import p2p_latency_bandwidth
 from labkit.viz.perf import speedup_bars
 from labkit.viz.pipeline import schedule_grid, schedule_vs_timeline
+from labkit.viz.recompute import recompute_tradeoff
 from labkit.viz.ring import ring_allreduce_step
 from labkit.viz.timeline import timeline
 from labkit.viz.training import loss_curves, lr_schedule
@@ -43,6 +44,7 @@ __all__: list[str] = [
     "plan_breakdown",
     "predicted_time_sweep",
     "predicted_vs_measured",
+    "recompute_tradeoff",
     "resume_timeline",
     "ring_allreduce_step",
     "schedule_grid",
