@@ -81,8 +81,8 @@ def causal_work(
         work = work_per_rank(world_size, layout)
         mean = sum(work) / len(work)
         xs = [r + (k - 0.5) * width for r in range(world_size)]
-        bars.bar(xs, [w / mean for w in work], width=width, label=f"{layout} (counted)",
-                 color=("#b0b0b0", "#505050")[k], alpha=0.8)  # fmt: skip
+        label, colour = f"{layout}: useful work (counted)", ("#b0b0b0", "#505050")[k]
+        bars.bar(xs, [w / mean for w in work], width=width, label=label, color=colour, alpha=0.8)
         if measured and layout in measured:
             got = list(measured[layout])
             m = sum(got) / len(got)
