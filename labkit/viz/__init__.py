@@ -7,9 +7,11 @@ Each submodule serves the notebooks named in its docstring; re-export public fun
 from __future__ import annotations
 
 from labkit.viz._display import enable_inline_figures
+from labkit.viz.activations import activation_terms
 from labkit.viz.algorithms import allreduce_times, message_diagram, traffic_per_rank
 from labkit.viz.async_sgd import sgd_loss_curves, staleness_histogram
 from labkit.viz.collectives import collective_diagram, value_origins
+from labkit.viz.context import causal_work
 from labkit.viz.cost import (
     algbw_busbw,
     algorithm_crossover,
@@ -31,10 +33,12 @@ from labkit.viz.timeline import timeline
 from labkit.viz.training import loss_curves, lr_schedule
 
 __all__: list[str] = [
+    "activation_terms",
     "algbw_busbw",
     "algorithm_crossover",
     "allreduce_times",
     "bucket_size_sweep",
+    "causal_work",
     "collective_diagram",
     "comm_hook_tradeoff",
     "loss_curves",
