@@ -16,7 +16,7 @@ def test_expert_load_draws_kept_and_dropped_per_group() -> None:
     first = fig.axes[0]
     assert first.get_title() == "group 0: 6 kept, 2 dropped"
     heights = [p.get_height() for p in first.patches]
-    assert heights == [3, 1, 2, 0, 2, 0, 0, 0]  # kept bars, then the dropped part on top
+    assert heights == [3, 1, 2, 0, 2]  # kept bars, then the dropped part on top
     assert fig.axes[1].get_title() == "group 1: 8 kept, 0 dropped"
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels == ["capacity C", "dropped", "kept, experts of rank 0", "kept, experts of rank 1"]

@@ -61,8 +61,9 @@ def expert_load(
     for g, (ax, d, k) in enumerate(zip(axes, demand, kept, strict=True)):
         dropped = [dd - kk for dd, kk in zip(d, k, strict=True)]
         ax.bar(range(n_experts), k, color=colors)
-        ax.bar(range(n_experts), dropped, bottom=k, color="white", edgecolor=_DROPPED,
-               hatch="///", label="dropped")  # fmt: skip
+        over = [e for e in range(n_experts) if dropped[e]]  # no empty outline on the rest
+        ax.bar(over, [dropped[e] for e in over], bottom=[k[e] for e in over], color="white",
+               edgecolor=_DROPPED, hatch="///", label="dropped")  # fmt: skip
         ax.axhline(capacity, color="black", linestyle="--", linewidth=0.8, label="capacity C")
         ax.set_xticks(range(n_experts))
         ax.set_xlabel("expert")
