@@ -24,6 +24,7 @@ from labkit.viz.fault_tolerance import resume_timeline
 from labkit.viz.memory import zero_memory_breakdown
 from labkit.viz.mesh import plan_breakdown
 from labkit.viz.model_split import stage_memory
+from labkit.viz.moe import expert_load
 from labkit.viz.p2p import p2p_latency_bandwidth
 from labkit.viz.perf import speedup_bars
 from labkit.viz.pipeline import schedule_grid, schedule_vs_timeline
@@ -41,6 +42,7 @@ __all__: list[str] = [
     "causal_work",
     "collective_diagram",
     "comm_hook_tradeoff",
+    "expert_load",
     "loss_curves",
     "lr_schedule",
     "message_diagram",
