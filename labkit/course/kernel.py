@@ -3,8 +3,8 @@
 Introduced in notebooks/00_setup_and_launcher.ipynb (``labkit course run`` in its summary).
 
 It is jupyter_client's asyncio client (what nbclient and papermill use by default) with two
-changes, plugged in through jupyter_client's own extension points (``KernelManager.client_class``
-and the client's ``*_channel_class`` traits; nbclient's ``kernel_manager_class``):
+changes, plugged in through jupyter_client's own extension points (the kernel manager's
+``client_factory``, the client's ``*_channel_class`` traits; nbclient's ``kernel_manager_class``):
 
 1. **A shell send re-arms the shell socket** (the fix for runs that stopped for a whole cell
    timeout at a widget cell). ``Session.send`` writes on a *blocking shadow* of the client's
@@ -18,10 +18,11 @@ and the client's ``*_channel_class`` traits; nbclient's ``kernel_manager_class``
    the window. Reading ``EVENTS`` through the asyncio socket after the send makes pyzmq
    re-check the socket and wake a pending waiter (pyzmq's own remedy for edge-triggered FDs).
    The kernel-side twin of this bug is ipython/ipykernel#1529 (fixed in ipykernel 7.4.0, which
-   we pin); the client side is jupyter/nbclient#312 (open; its PR #311 was redirected to
-   jupyter_client, where the raw send lives: ``Session.send``, see jupyter/jupyter_client#1059).
-   No released jupyter_client re-arms the socket (8.10.0 checked). Drop ``rearm`` once one does:
-   tests/test_course_kernel.py says when the upstream channel stops stranding replies.
+   we pin); the client side is jupyter/nbclient#312 (open; the review of its PR #311 pointed at
+   jupyter_client, whose ``Session.send`` takes the shadow; jupyter/jupyter_client#1059, open,
+   would drop it). No released jupyter_client re-arms the socket (8.10.0 checked). Drop
+   ``rearm`` once one does: tests/test_course_kernel.py says when the upstream channel stops
+   stranding replies.
 
 2. **An idle kernel cannot hold a cell forever.** While nbclient waits for a cell's
    ``execute_reply``, the shell channel checks the kernel's state (from its IOPub ``status``
