@@ -1,6 +1,6 @@
 """Soak test: run a notebook headlessly N times, under CPU load, and catch runs that stall.
 
-    .venv/bin/python benchmarks/papermill_soak.py notebooks/14_hybrid_parallel.ipynb --load 2
+    .venv/bin/python benchmarks/papermill_soak.py notebooks/18_hybrid_parallel.ipynb --load 2
     .venv/bin/python benchmarks/papermill_soak.py --minimal launch-widget --client upstream
 
 Each run executes the notebook through ``labkit.course.run_notebook`` (``fast=True``) in a child
