@@ -1,7 +1,8 @@
 """Communication benchmarks: point-to-point ping-pong, the α-β fit of its times, collectives.
 
 Introduced in notebooks/01_point_to_point.ipynb (ping-pong, fit) and
-notebooks/05_communication_cost.ipynb (``collective``, in ``labkit/bench_collectives.py``).
+notebooks/05_communication_cost.ipynb (``collective``, in ``labkit/bench_collectives.py``);
+``peak_flops``, the matrix-product rate MFU divides by, lives in ``labkit/bench_compute.py``.
 
 Every benchmark returns a list of ``BenchResult`` rows, one per message size, so results of
 different operations print, plot and fit the same way. The columns follow nccl-tests
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
+from labkit.bench_compute import PeakFlops, peak_flops
 from labkit.bench_results import GB, BenchResult, check_sizes, default_device
 from labkit.costmodel.network import least_squares_alpha_beta
 from labkit.launcher import launch
@@ -36,6 +38,7 @@ __all__ = [
     "COLLECTIVES",
     "AlphaBeta",
     "BenchResult",
+    "PeakFlops",
     "alpha_beta_fit",
     "collective",
     "collective_sizes",
@@ -43,6 +46,7 @@ __all__ = [
     "launch_collective",
     "message_sizes",
     "p2p_pingpong",
+    "peak_flops",
 ]
 
 

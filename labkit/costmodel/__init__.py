@@ -16,7 +16,8 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 (``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
-sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
+sizes), ``fsdp`` (an FSDP step on one link, with and without asynchronous prefetch),
+``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
 notebooks 15 and 16), ``moe`` (expert capacity and the all-to-all bytes of expert
 parallelism). Nothing here imports torch.
 """
@@ -34,6 +35,7 @@ from labkit.costmodel.formulas import (
     CostTerms,
     cost_terms,
 )
+from labkit.costmodel.fsdp import FsdpStepTime, fsdp_step_s
 from labkit.costmodel.moe import expert_capacity, moe_all_to_all_bytes, uniform_tokens_sent
 from labkit.costmodel.network import PRESETS, Network, fit
 from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
@@ -59,6 +61,7 @@ __all__ = [
     "RingTraffic",
     "SEGMENTED",
     "CostTerms",
+    "FsdpStepTime",
     "Network",
     "algbw",
     "best_algorithm",
@@ -70,6 +73,7 @@ __all__ = [
     "crossover_bytes",
     "expert_capacity",
     "fit",
+    "fsdp_step_s",
     "moe_all_to_all_bytes",
     "pipelined_tree_terms",
     "powersgd_numel",
