@@ -24,7 +24,7 @@ from pathlib import Path
 from labkit.lang import ENGLISH, language
 
 CATALOGUE_DIR = Path(__file__).with_name("messages")
-_SOURCES = Path(__file__).parent.glob("*.py")
+_HERE = Path(__file__).parent
 
 # What ``check`` itself prints, by language (the English is the key).
 VERDICTS = {
@@ -87,7 +87,7 @@ def templates(sources=None) -> set[str]:
     argument, what the hint and diagnosis helpers return, and the launch messages
     (``_failures``' upper-case templates)."""
     found = set()
-    for path in sources if sources is not None else _SOURCES:
+    for path in sources if sources is not None else sorted(_HERE.glob("*.py")):
         tree = ast.parse(Path(path).read_text(encoding="utf-8"), str(path))
         for node in ast.walk(tree):
             exprs: list[ast.expr] = []
