@@ -16,7 +16,10 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 (``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
-sizes). Nothing here imports torch.
+sizes); and the model calibrated on a machine: ``recipes`` (what each backend's
+implementation does per call), ``machine`` (``MachineModel``, ``predict_collective``),
+``calibrate`` (from microbenchmark samples to a ``MachineModel``; ``lk.bench.calibrate``
+measures them). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ from labkit.costmodel.formulas import (
     CostTerms,
     cost_terms,
 )
+from labkit.costmodel.machine import (
+    BackendCosts,
+    MachineModel,
+    collective_terms,
+    predict_collective,
+)
 from labkit.costmodel.network import PRESETS, Network, fit
 from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
 from labkit.costmodel.predict import (
@@ -44,9 +53,11 @@ from labkit.costmodel.predict import (
 
 __all__ = [
     "ALGORITHMS",
+    "BackendCosts",
     "COLLECTIVES",
     "DEFAULT_ALGORITHM",
     "LABELS",
+    "MachineModel",
     "PRESETS",
     "SEGMENTED",
     "CostTerms",
@@ -57,6 +68,7 @@ __all__ = [
     "bucketed_backward_s",
     "busbw",
     "busbw_factor",
+    "collective_terms",
     "cost_terms",
     "crossover_bytes",
     "fit",
@@ -64,5 +76,6 @@ __all__ = [
     "powersgd_numel",
     "predict",
     "predict_all",
+    "predict_collective",
     "what_if",
 ]

@@ -1,0 +1,141 @@
+"""The step-time model by hand: the 1F1B play-through, the workload's layout, each strategy's terms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from labkit.costmodel.machine import BackendCosts, MachineModel
+from labkit.parallel.dims import ParallelDims
+from labkit.parallel.pipeline import one_f_one_b
+from labkit.plan_pipeline import one_f_one_b_order, pipeline_time
+from labkit.plan_time import step_time
+from labkit.plan_workload import LayerCost, Workload
+
+# Every collective costs its per-call overhead alone (no bytes are priced: β = 0, no copy
+# rates), and compute shares nothing: the terms can be added up by hand.
+O = {"all_reduce": 1e-3, "all_gather": 2e-3, "reduce_scatter": 3e-3}
+OVERHEAD = {(op, p): t for op, t in O.items() for p in (2, 4)}
+NET = BackendCosts("gloo", "gloo", alpha=5e-4, beta=0.0, overhead_s=OVERHEAD)
+MACHINE = MachineModel(cores=8, compute_share={2: 1.0, 4: 1.0}, backends={"gloo": NET})
+
+EMBED = LayerCost("embed", ((10, 4),), forward=(1e-3, 0.0), backward=(2e-3, 0.0), width=4)
+BLOCK = LayerCost(
+    "block",
+    ((8,), (6, 2), (4,)),  # 3 units
+    forward=(1e-3, 1e-5),
+    backward=(2e-3, 2e-5),
+    block=True,
+    tp_colwise=4,
+    tp_rowwise=2,
+    tp_split=16,
+    width=4,
+)
+HEAD = LayerCost("head", ((3,),), forward=(1e-3, 0.0), backward=(1e-3, 0.0), width=7)
+WORK = Workload((EMBED, BLOCK, BLOCK, HEAD), batch=8, seq_len=10, adam=(1e-4, 1e-6))
+
+
+def test_one_f_one_b_order_is_the_runtime_schedule():
+    for p, m in ((1, 1), (2, 3), (4, 4), (4, 2)):
+        sched = one_f_one_b(p, m)
+        for s in range(p):
+            got = [(a.op, a.microbatch) for a in sched[s] if a is not None]
+            assert got == one_f_one_b_order(p, s, m)
+
+
+def test_pipeline_time_equal_stages_is_the_bubble_formula():
+    for p, m in ((1, 3), (2, 1), (3, 4), (4, 8)):
+        t = pipeline_time([1.0] * p, [2.0] * p, m)
+        assert math.isclose(t.step_s, (m + p - 1) * 3.0)  # (m + p − 1)(F + B)
+        frac = (t.step_s - t.busy_s[0]) / t.step_s
+        assert math.isclose(frac, (p - 1) / (m + p - 1))  # GPipe's bubble, Huang et al. 2019
+    # two stages, hops of 0.5: m = 1: F0 [0,1], F0' [1.5,2.5], B0' [2.5,4.5], B0 [5,7];
+    # m = 2: stage 0 F0 [0,1], F1 [1,2], B0 [5,7], B1 [8,10]: 2 hops on the path either way
+    assert pipeline_time([1.0] * 2, [2.0] * 2, 1, hop_s=0.5).step_s == 7.0
+    assert pipeline_time([1.0] * 2, [2.0] * 2, 2, hop_s=0.5).step_s == 10.0
+    # deeper pipelines wait for hops in the steady state too: more than 2(p − 1) of them
+    assert pipeline_time([1.0] * 3, [2.0] * 3, 4, hop_s=0.5).step_s > 6 * 3.0 + 2 * 2 * 0.5
+
+
+def test_pipeline_time_unequal_stages_by_hand():
+    # stage 0: F0 [0,1], F1 [1,2], B0 [7,9], B1 [13,15]; stage 1: F0 [1,3], B0 [3,7],
+    # F1 [7,9], B1 [9,13]
+    t = pipeline_time([1.0, 2.0], [2.0, 4.0], 2)
+    assert t.step_s == 15.0 and t.busy_s == (6.0, 12.0) and t.idle_s == (9.0, 3.0)
+    with pytest.raises(ValueError):
+        pipeline_time([1.0], [1.0, 2.0], 2)
+
+
+def test_workload_layout():
+    assert WORK.numel == 14 + 2 * 20 + 3 and WORK.n_blocks == 2
+    assert WORK.stages(1) == [[0, 1, 2, 3]] and WORK.stages(2) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError):
+        WORK.stages(3)
+    assert WORK.buckets([0, 1, 2, 3]) == [(14 + 40 + 3) * 4]  # one bucket under 25 MiB
+    small = Workload(WORK.layers, 8, 10, bucket_cap_bytes=100)
+    assert small.buckets([0, 1, 2, 3]) == [92.0, 80.0, 56.0]  # reverse order: head+block, ...
+    assert BLOCK.local_numel(2) == 20 - 8 and BLOCK.time_s(10, tp=2) == (1e-3 + 5e-5, 2e-3 + 1e-4)
+    assert EMBED.time_s(10, tp=2) == (1e-3, 2e-3)  # only blocks split their work
+
+
+def _compute(tokens: int, m: int, tp: int = 1) -> float:
+    return m * sum(sum(layer.time_s(tokens, tp)) for layer in WORK.layers)
+
+
+def _adam(elements: float, tensors: int = 11) -> float:
+    return 1e-4 * tensors + 1e-6 * elements
+
+
+def test_data_parallel_by_hand():
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1))
+    assert math.isclose(t.compute_s, _compute(40, 1))  # b = 8/2 = 4 sequences, 40 tokens
+    assert t.comm["dp"] == 1e-3 and t.comm["clip"] == 1e-3  # one bucket, one scalar
+    assert math.isclose(t.optimizer_s, _adam(57))
+    assert math.isclose(t.step_s, t.compute_s + 2e-3 + t.optimizer_s)
+    accum = step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), microbatches=2)
+    assert math.isclose(accum.compute_s, _compute(20, 2)) and accum.comm["dp"] == 1e-3
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_collectives_per_unit_by_hand(stage):
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), zero_stage=stage, microbatches=2)
+    units = 1 + 3 + 3 + 1
+    gathers = {1: 1, 2: 1, 3: 0}[stage]  # after Adam (stage 3 gathers in forward/backward)
+    assert math.isclose(t.comm["dp"], units * (3e-3 + gathers * 2e-3))
+    assert math.isclose(t.optimizer_s, _adam(57 / 2))  # each rank updates its half
+    per_mb = units * 2e-3 if stage == 3 else 0.0  # all-gather before forward and backward
+    assert math.isclose(t.compute_s, _compute(20, 2) + 2 * 2 * per_mb)
+    assert math.isclose(t.comm["zero3"], 2 * 2 * per_mb)
+
+
+def test_tensor_parallel_by_hand():
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(1, 1, 2))
+    all_reduces = 2 * (4 + 2)  # per block: q, k, v, fc1 backward; proj, fc2 forward
+    assert math.isclose(t.comm["tp"], all_reduces * 1e-3)
+    assert math.isclose(t.compute_s, _compute(80, 1, tp=2) + all_reduces * 1e-3)
+    assert math.isclose(t.optimizer_s, _adam(57 - 16))  # 2 blocks × 8 split away
+    assert t.comm["dp"] == 0
+
+
+def test_pipeline_by_hand():
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(1, 2, 1), microbatches=2)
+    tokens = 40  # b = 8/(1·2) = 4 sequences of 10
+    f = [EMBED.time_s(tokens)[0] + BLOCK.time_s(tokens)[0], BLOCK.time_s(tokens)[0] + 1e-3]
+    b = [EMBED.time_s(tokens)[1] + BLOCK.time_s(tokens)[1], BLOCK.time_s(tokens)[1] + 1e-3]
+    hop = 5e-4  # one p2p message of 40·4 floats: α (β = 0)
+    want = pipeline_time(f, b, 2, hop)
+    assert math.isclose(t.compute_s + t.bubble_s, want.step_s)
+    assert math.isclose(t.compute_s, max(want.busy_s))
+    assert math.isclose(t.optimizer_s, _adam(14 + 20, 2 + 4))  # stage 0 has more to update
+    assert math.isclose(t.step_s, want.step_s + 1e-3 + t.optimizer_s)
+
+
+def test_groups_smaller_than_the_world_share_the_cores():
+    shared = MachineModel(cores=2, compute_share={2: 1.0, 4: 2.0}, backends={"gloo": NET})
+    alone = step_time(WORK, shared, "gloo", ParallelDims(1, 1, 2))
+    inside = step_time(WORK, shared, "gloo", ParallelDims(2, 1, 2))  # tp pairs on 4 ranks
+    assert math.isclose(inside.comm["tp"], 2 * 12 * 1e-3 / 2 * 2)  # half the tokens, ×2 shared
+    assert math.isclose(alone.comm["tp"], 12 * 1e-3)
+    with pytest.raises(ValueError):
+        step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), microbatches=3)
