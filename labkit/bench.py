@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from labkit.bench_calibrate import calibrate
+from labkit.bench_calibrate import calibrate, measure_probes
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_p2p import p2p_pingpong
 from labkit.bench_results import GB, BenchResult, check_sizes
@@ -40,6 +40,7 @@ __all__ = [
     "collective_sizes",
     "format_table",
     "launch_collective",
+    "measure_probes",
     "message_sizes",
     "p2p_pingpong",
     "workload_from_model",

@@ -141,7 +141,7 @@ def _machine(fast: bool) -> dict:
     reps, out = (3 if fast else 7), {"copy": {}, "add": {}}
     for kind in ("copy", "add"):
         for n in COPY_SIZES:
-            units = max(1, (4 << 20) // n)  # about 4 MB of work per sample
+            units = max(1, (32 << 20) // n)  # 32 MB of work per sample: longer than a skew
             alone, together = _alone_then_together(kind, n, units, reps)
             per_unit = [t / units for t in alone], [t / units for t in together]
             out[kind][n] = per_unit

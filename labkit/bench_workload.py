@@ -176,9 +176,21 @@ def workload_from_model(
     plan, block_set = tp_plan or {}, set(blocks)
     sizes = sorted(set(sizes or (1, batch)))
     timed = time_layers(model, x_of, y_of, loss_fn, sizes, reps)
+    # Layers alike (same class, same parameter count: TinyGPT's blocks) share one fit of
+    # all their samples: their costs are the same, and the fit is steadier.
+    kinds: dict[tuple, list[int]] = {}
+    for i, layer in enumerate(model):
+        kind = (type(layer).__name__, sum(p.numel() for p in layer.parameters()))
+        kinds.setdefault(kind, []).append(i)
+    fits = {}
+    for members in kinds.values():
+        tok = [t for i in members for t in timed[i][0]]
+        fwd = _fit(tok, [t for i in members for t in timed[i][1]])
+        bwd = _fit(tok, [t for i in members for t in timed[i][2]])
+        fits |= dict.fromkeys(members, (fwd, bwd))
     modules = dict(model.named_modules())
     layers = []
-    for i, (layer, (tokens, f, b, width)) in enumerate(zip(model, timed, strict=True)):
+    for i, (layer, (_, _, _, width)) in enumerate(zip(model, timed, strict=True)):
         mine = {k: v for k, v in plan.items() if k.split(".")[0] == str(i)}
         split = sum(
             modules[k].weight.numel() + (modules[k].bias.numel() if v == "colwise" else 0)
@@ -188,8 +200,8 @@ def workload_from_model(
             LayerCost(
                 name=type(layer).__name__,
                 units=_units(layer),
-                forward=_fit(tokens, f),
-                backward=_fit(tokens, b),
+                forward=fits[i][0],
+                backward=fits[i][1],
                 block=i in block_set,
                 tp_colwise=sum(v == "colwise" for v in mine.values()),
                 tp_rowwise=sum(v == "rowwise" for v in mine.values()),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["LayerCost", "Workload"]
+__all__ = ["LayerCost", "Workload", "transformer_workload"]
 
 
 @dataclass(frozen=True)
@@ -159,3 +159,56 @@ class Workload:
     def local_numel(self, layers: list[int], tp: int = 1) -> float:
         """Parameters of these layers one tensor-parallel rank holds."""
         return math.fsum(self.layers[i].local_numel(tp) for i in layers)
+
+
+def transformer_workload(
+    vocab_size: int,
+    dim: int,
+    n_layers: int,
+    seq_len: int,
+    batch: int,
+    flops: float,
+    element_bytes: int = 4,
+    name: str = "GPT",
+) -> Workload:
+    """A TinyGPT-shaped transformer priced by FLOPs alone: the what-if where nothing is measured.
+
+    Layers and units as ``lk.models.TinyGPT``'s (embedding: token and position tables; per
+    block two LayerNorms, q, k, v, the projection, the MLP's two layers; the head: a
+    LayerNorm and the vocabulary projection). Forward FLOPs per token: 2 per weight of a
+    matrix product (24h² per block, 2Vh for the head) plus attention's 4Th (QKᵀ and AV);
+    backward twice the forward (Kaplan et al. 2020, §2.1), at ``flops`` per second, with no
+    per-call part.
+
+    Args:
+        vocab_size: V; dim: h; n_layers: L; seq_len: T; batch: B.
+        flops: sustained FLOP/s of one device (a GPU's, e.g. 300e12 on an A100 in bf16).
+        element_bytes: bytes of a parameter, a gradient, an activation element.
+        name: a label.
+
+    Returns:
+        The ``Workload``.
+    """
+    V, h, T = vocab_size, dim, seq_len
+    ln, lin = (h, h), (h * h, h)
+    block_flops = 2 * 12 * h * h + 4 * T * h
+
+    def layer(name, units, per_token, block=False, **tp) -> LayerCost:
+        c = per_token / flops
+        return LayerCost(name, units, (0.0, c), (0.0, 2 * c), block=block, width=h, **tp)
+
+    split = 3 * (h * h + h) + (4 * h * h + 4 * h) + h * h + 4 * h * h  # q, k, v, fc1; proj, fc2
+    block = layer(
+        "block",
+        (ln, ln, lin, lin, lin, lin, (4 * h * h, 4 * h), (4 * h * h, h)),  # TinyGPT's order
+        block_flops,
+        block=True,
+        tp_colwise=4,
+        tp_rowwise=2,
+        tp_split=split,
+    )
+    embed = layer("embed", ((V * h,), (T * h,)), 0.0)
+    head = layer("head", (ln, (V * h,)), 2 * V * h)
+    return Workload(
+        (embed, *[block] * n_layers, head), batch, T, element_bytes=element_bytes, name=name
+    )

@@ -26,6 +26,12 @@ sequences, with Ψ parameters, L layers, width h and sequence length s:
   adds two parameter all-gathers per micro-batch, ZeRO §7.2), Megatron's 2 + 2 all-reduces
   of b·s·h activations per layer over tp (Shoeybi et al. 2019, §3), and pp's point-to-point
   activations and gradients (2m messages of b·s·h per device).
+
+With a calibrated ``MachineModel`` and the model's ``Workload`` (``plan(..., machine=,
+workload=, backend=)``, notebook 17) the step time is instead ``labkit.plan_time.step_time``:
+what labkit's implementations do on that machine (per-unit ZeRO/FSDP2 collectives, DDP's
+buckets, Megatron's per-layer all-reduces, 1F1B played through with its hops, Adam and the
+step's Python), each collective priced by the calibrated model; the memory model is the same.
 """
 
 from __future__ import annotations
@@ -33,13 +39,41 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from labkit.costmodel import Network
+from labkit.costmodel import MachineModel, Network
 from labkit.memory import STAGES
 from labkit.parallel.dims import ParallelDims
 from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
 from labkit.plan_specs import DeviceSpec, ModelSpec, PlanError, _positive_int
+from labkit.plan_time import StepTime, step_time
+from labkit.plan_workload import LayerCost, Workload
 
-__all__ = ["DeviceSpec", "ModelSpec", "Plan", "PlanError", "plan"]
+__all__ = [
+    "Calibrated",
+    "DeviceSpec",
+    "LayerCost",
+    "ModelSpec",
+    "Plan",
+    "PlanError",
+    "StepTime",
+    "Workload",
+    "plan",
+    "step_time",
+]
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What ``plan`` needs to price steps with the calibrated model instead of the textbook's.
+
+    Attributes:
+        machine: the ``MachineModel`` (``lk.bench.calibrate``).
+        workload: the model's ``Workload`` (``lk.bench.workload_from_model``).
+        backend: the backend the ranks will use (a name in ``machine.backends``).
+    """
+
+    machine: MachineModel
+    workload: Workload
+    backend: str
 
 
 @dataclass(frozen=True)
@@ -59,6 +93,7 @@ class Plan:
         breakdown: memory parts in bytes: params, grads, optimizer, activations.
         comm: ``comm_s`` split by axis: dp, tp, pp (seconds).
         microbatch_size: b = B/(dp·m) sequences (0 when B is not divisible by dp·m).
+        step: the calibrated model's ``StepTime`` (None with the textbook model).
     """
 
     dp: int
@@ -76,6 +111,7 @@ class Plan:
     breakdown: dict[str, float]
     comm: dict[str, float] = field(default_factory=dict)
     microbatch_size: int = 0
+    step: StepTime | None = None
 
     @property
     def label(self) -> str:
@@ -106,6 +142,7 @@ def _one_plan(
     m: int,
     mixed: bool,
     tp_ar: int,
+    calibrated: Calibrated | None = None,
 ) -> Plan:
     """The ``Plan`` of one (grid, ZeRO stage, m), from ``labkit.plan_estimates``'s
     ``memory_estimate``, ``time_estimate`` and ``cannot_run``."""
@@ -125,8 +162,25 @@ def _one_plan(
             breakdown=dict.fromkeys(("params", "grads", "optimizer", "activations"), nan),
         )
     mem = memory_estimate(model, dims, stage, m, mixed)
-    time = time_estimate(model, devices, nets, dims, stage, m, mixed, tp_ar)
     over = cannot_run(model, devices, dims, m, mem.total)
+    if calibrated is not None:
+        c, zero = calibrated, stage if dims.dp > 1 else 0
+        st = step_time(c.workload, c.machine, c.backend, dims, zero, zero == 3 and dims.tp > 1, m)
+        return Plan(
+            **grid,
+            memory_bytes=mem.total,
+            step_s=st.step_s,
+            compute_s=st.compute_s,
+            comm_s=st.step_s - st.compute_s - st.bubble_s,
+            bubble_s=st.bubble_s,
+            feasible=not over,
+            reasons=[*mem.reasons, *st.reasons, f"step {st.step_s:.4g} s", *over],
+            breakdown=mem.breakdown,
+            comm=st.comm,
+            microbatch_size=mem.microbatch_size,
+            step=st,
+        )
+    time = time_estimate(model, devices, nets, dims, stage, m, mixed, tp_ar)
     return Plan(
         **grid,
         memory_bytes=mem.total,
@@ -152,6 +206,7 @@ def plan(
     mixed_precision: bool = False,
     intra_node: Network | None = None,
     tp_all_reduces_per_layer: int = 4,
+    calibrated: Calibrated | None = None,
 ) -> list[Plan]:
     """Every (dp, pp, tp, ZeRO stage, micro-batches) for ``devices.count`` devices, best first.
 
@@ -172,6 +227,8 @@ def plan(
             devices (tp is innermost, then pp, then dp; None: ``network`` everywhere).
         tp_all_reduces_per_layer: b·s·h all-reduces per layer and micro-batch under tensor
             parallelism (4: Megatron's transformer layer; 2: an MLP block alone).
+        calibrated: price each step with ``step_time`` on a calibrated machine (this
+            module's docstring); None: the textbook model above.
 
     Returns:
         Feasible plans sorted by ``step_s`` (then memory), then infeasible ones (over memory
@@ -200,7 +257,9 @@ def plan(
         for stage in dict.fromkeys(stages):
             for m in ms:
                 plans.append(
-                    _one_plan(model, devices, nets, dims, stage, m, mixed_precision, tp_ar)
+                    _one_plan(
+                        model, devices, nets, dims, stage, m, mixed_precision, tp_ar, calibrated
+                    )
                 )
 
     def key(p: Plan) -> tuple:

@@ -1,10 +1,11 @@
-"""The step-time model by hand: the 1F1B play-through, the workload's layout, each strategy's terms."""
+"""The step-time model by hand: 1F1B played through, the workload, each strategy's terms."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
 from labkit.costmodel.machine import BackendCosts, MachineModel
 from labkit.parallel.dims import ParallelDims
@@ -15,8 +16,8 @@ from labkit.plan_workload import LayerCost, Workload
 
 # Every collective costs its per-call overhead alone (no bytes are priced: β = 0, no copy
 # rates), and compute shares nothing: the terms can be added up by hand.
-O = {"all_reduce": 1e-3, "all_gather": 2e-3, "reduce_scatter": 3e-3}
-OVERHEAD = {(op, p): t for op, t in O.items() for p in (2, 4)}
+COST = {"all_reduce": 1e-3, "all_gather": 2e-3, "reduce_scatter": 3e-3}
+OVERHEAD = {(op, p): t for op, t in COST.items() for p in (2, 4)}
 NET = BackendCosts("gloo", "gloo", alpha=5e-4, beta=0.0, overhead_s=OVERHEAD)
 MACHINE = MachineModel(cores=8, compute_share={2: 1.0, 4: 1.0}, backends={"gloo": NET})
 
@@ -139,3 +140,31 @@ def test_groups_smaller_than_the_world_share_the_cores():
     assert math.isclose(alone.comm["tp"], 12 * 1e-3)
     with pytest.raises(ValueError):
         step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), microbatches=3)
+
+
+def test_workload_of_a_real_tinygpt_and_its_flop_twin():
+    import labkit as lk
+    from labkit.bench_workload import workload_from_model
+    from labkit.capstone import gpt_stages, gpt_tp_plan
+    from labkit.parallel.zero import find_units
+    from labkit.plan_workload import transformer_workload
+
+    V, h, L, T, B = 11, 8, 2, 4, 4
+    gpt = lk.models.TinyGPT(V, h, L, 2, T)
+    x = torch.randint(0, V, (B, T))
+    work = workload_from_model(
+        gpt, lambda b: x[:b], lambda b: x[:b], lk.capstone.lm_loss, batch=B, seq_len=T,
+        blocks=range(1, L + 1), tp_plan=gpt_tp_plan(gpt), sizes=(1, 2), reps=1,
+    )  # fmt: skip
+    assert work.numel == lk.models.count_parameters(gpt)
+    units = [tuple(p.numel() for p in u.params) for u in find_units(gpt, 1)]
+    assert [u for layer in work.layers for u in layer.units] == units
+    for pp in (1, 2):  # the workload's stages are gpt_stages'
+        sizes = [sum(p.numel() for p in s.parameters()) for s in gpt_stages(gpt, pp)]
+        assert [sum(work.layers[i].numel for i in st) for st in work.stages(pp)] == sizes
+    block = work.layers[1]
+    assert (block.tp_colwise, block.tp_rowwise, block.width) == (4, 2, h)
+    twin = transformer_workload(V, h, L, T, B, flops=1e9)
+    assert twin.numel == work.numel and twin.layers[1].tp_split == block.tp_split
+    assert [layer.units for layer in twin.layers] == [layer.units for layer in work.layers]
+    assert math.isclose(twin.layers[1].forward[1], (24 * h * h + 4 * T * h) / 1e9)

@@ -1,0 +1,151 @@
+"""The calibrated machine model against every collective, next to the model fitted on ping-pong.
+
+Run:  .venv/bin/python benchmarks/collective_model.py [--rounds 3] [--iters 15] [--fast]
+      [--out benchmarks/RESULTS.md]
+
+Every number comes from this run on this machine. Each round, one after the other:
+
+1. ``lk.bench.measure_probes`` (the calibration's microbenchmarks; ``--fast``: what notebook 05
+   runs) and ``lk.costmodel.machine_from_probes``: the ``MachineModel``;
+2. ``lk.bench.collective`` times all_reduce, all_gather, reduce_scatter and broadcast from
+   64 KB to 16 MB on gloo and labkit_shm, 2 and 4 ranks.
+
+Reported per (backend, ranks, collective): the median over sizes of |predicted − measured| /
+measured, for the model calibrated on the fastest samples against the fastest sample of each
+size (the machine at its best: what other processes' load cannot inflate), and for the model
+calibrated on medians against the median sample; next to it the error of the α-β ring/tree
+model fitted on the ping-pong alone (notebook 05's starting point). The target: median error
+≤ 25 % for every row, fastest samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import labkit as lk  # noqa: E402
+from labkit.costmodel.calibrate import machine_from_probes, pick  # noqa: E402
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+BACKENDS = ("gloo", "labkit_shm")
+WORLD_SIZES = (2, 4)
+SIZES = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
+TARGET = 0.25
+
+
+def _measure(rank: int, world_size: int, iters: int) -> dict:
+    torch.set_num_threads(1)
+    return {c: lk.bench.collective(c, SIZES, iters=iters, warmup=2) for c in OPS}
+
+
+def errors(probes, measured: dict, stat: str) -> dict:
+    """(backend, p, op) → median relative error of the calibrated and of the p2p-only model."""
+    machine = machine_from_probes(probes, stat)
+    out = {}
+    for (backend, p), rows_by_op in measured.items():
+        b = machine.backend(backend)
+        p2p = lk.Network.from_alpha_beta(b.alpha, b.beta)
+        for op, rows in rows_by_op.items():
+            cal, naive = [], []
+            for r in rows:
+                t = pick(r.times_s, stat)
+                cal.append(
+                    abs(lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p) - t) / t
+                )
+                naive.append(abs(lk.costmodel.predict(op, r.n_bytes, p, p2p) - t) / t)
+            out[(backend, p, op)] = (statistics.median(cal), statistics.median(naive))
+    return out
+
+
+def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float]:
+    t0 = time.perf_counter()
+    probes = lk.bench.measure_probes(BACKENDS, WORLD_SIZES, fast=fast)
+    seconds = time.perf_counter() - t0
+    load = os.getloadavg()[0]
+    measured = {
+        (b, p): lk.launch(_measure, p, backend=b, args=(iters,), timeout=900)[0]
+        for b in BACKENDS
+        for p in WORLD_SIZES
+    }
+    return errors(probes, measured, "min"), errors(probes, measured, "median"), seconds, load
+
+
+def report(rounds: list, args, load: list[float]) -> str:
+    cmd = ".venv/bin/python benchmarks/collective_model.py " + " ".join(sys.argv[1:])
+    n = len(rounds)
+    lines = [
+        "## The calibrated collective model against every collective",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"torch {torch.__version__}; {n} round(s), each a calibration "
+        f"({'fast, as notebook 05' if args.fast else 'full'}: "
+        + ", ".join(f"{r[2]:.1f} s" for r in rounds)
+        + f") then {args.iters} samples per size; 1-minute load average {load[0]:.1f} before, "
+        + ", ".join(f"{r[3]:.1f}" for r in rounds)
+        + f" after each calibration, {load[1]:.1f} at the end. Command:",
+        "",
+        "```",
+        cmd.rstrip(),
+        "```",
+        "",
+        "Median over sizes 64 KB-16 MB of |predicted − measured| / measured, per round "
+        "(r1 / r2 / …): the calibrated model on fastest samples, on medians, and the α-β "
+        "model fitted on the ping-pong alone (fastest samples).",
+        "",
+        "| backend | ranks | collective | calibrated, fastest | calibrated, medians "
+        "| ping-pong only |",
+        "|---|---|---|---|---|---|",
+    ]
+    worst = []
+    for b in BACKENDS:
+        for p in WORLD_SIZES:
+            for op in OPS:
+                key = (b, p, op)
+                fast_err = [r[0][key][0] for r in rounds]
+                med_err = [r[1][key][0] for r in rounds]
+                naive = [r[0][key][1] for r in rounds]
+                worst.append(max(fast_err))
+                lines.append(
+                    f"| {b} | {p} | {op} | {' / '.join(f'{e:.0%}' for e in fast_err)} | "
+                    f"{' / '.join(f'{e:.0%}' for e in med_err)} | "
+                    f"{' / '.join(f'{e:.0%}' for e in naive)} |"
+                )
+    met = sum(w <= TARGET for w in worst)
+    lines += [
+        "",
+        f"Rows within the {TARGET:.0%} target in every round (fastest samples): {met} of "
+        f"{len(worst)}; the worst row's worst round: {max(worst):.0%}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="calibrate + measure, this often")
+    parser.add_argument("--iters", type=int, default=15, help="timed samples per size")
+    parser.add_argument("--fast", action="store_true", help="the fast calibration (notebook 05's)")
+    parser.add_argument("--out", help="append the markdown section to this file")
+    args = parser.parse_args()
+    load = [os.getloadavg()[0]]
+    rounds = [one_round(args.iters, args.fast) for _ in range(args.rounds)]
+    load.append(os.getloadavg()[0])
+    text = report(rounds, args, load)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+    lk.shutdown()
+
+
+if __name__ == "__main__":
+    main()
