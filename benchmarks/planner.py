@@ -5,10 +5,12 @@ Run:  .venv/bin/python benchmarks/planner.py [--rounds 2] [--steps 8] [--backend
 
 Every number comes from this run on this machine. Each round, one after the other:
 
+for 2 and then 4 ranks,
+
 1. calibration: ``lk.bench.calibrate`` (fast, medians: a training step pays typical calls,
    not the best ones) and ``lk.bench.capstone_workload`` (TinyGPT's layers, Adam and one
    single-process step timed on one thread): notebook 17's calibration;
-2. for 2 and 4 ranks, every strategy the capstone runs on that many ranks (DP, ZeRO-1/2/3,
+2. every strategy the capstone runs on that many ranks (DP, ZeRO-1/2/3,
    FSDP2, PP, TP; on 4 ranks also DP×TP, FSDP2×TP and DP×PP; dp×pp×tp needs 8 ranks), each
    trained ``--steps`` steps in one launch (``lk.capstone.run_jobs``), its median step after
    the first (the slowest rank's) against ``lk.planner.step_time``'s prediction.
@@ -37,6 +39,7 @@ import labkit as lk  # noqa: E402
 cap = lk.capstone
 NAMES = ("dp", "zero1", "zero2", "zero3", "fsdp", "pp", "tp", "dp_tp", "fsdp_tp", "dp_pp")
 RATIO, RANK_SLACK = 1.5, 1.10
+VERBOSE = "--verbose" in sys.argv
 
 
 def strategies(world_size: int) -> list:
@@ -51,11 +54,13 @@ def strategies(world_size: int) -> list:
 
 def one_round(steps: int, backend: str) -> dict:
     config = cap.RunConfig(steps=steps, eval_every=steps, max_norm=0.5, warmup_steps=1)
-    t0 = time.perf_counter()
-    machine, _ = lk.bench.calibrate([backend], (2, 4), fast=True, stat="median")
-    work = lk.bench.capstone_workload(config)
-    out = {"calibration_s": time.perf_counter() - t0, "load": os.getloadavg()[0], "rows": {}}
-    for p in (2, 4):
+    out = {"calibration_s": [], "load": [], "rows": {}}
+    for p in (2, 4):  # calibrate right before the runs it predicts: the load drifts
+        t0 = time.perf_counter()
+        machine, _ = lk.bench.calibrate([backend], (2, p), fast=True, stat="median")
+        work = lk.bench.capstone_workload(config)
+        out["calibration_s"].append(time.perf_counter() - t0)
+        out["load"].append(os.getloadavg()[0])
         ss = strategies(p)
         runs = cap.run_jobs([(s, config) for s in ss], backend=backend, device="cpu", timeout=1800)
         for s, ranks in zip(ss, runs, strict=True):
@@ -64,6 +69,9 @@ def one_round(steps: int, backend: str) -> dict:
                 work, machine, backend, s.dims, s.zero_stage, s.fsdp, s.microbatches
             )
             out["rows"][(p, s.name)] = (st.step_s, measured)
+            if VERBOSE:
+                print(f"{p} ranks {s.name}: measured {measured * 1e3:.1f} ms", *st.reasons,
+                      sep="\n    ")  # fmt: skip
     return out
 
 
@@ -75,10 +83,11 @@ def report(rounds: list[dict], args, load: list[float]) -> str:
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
         f"torch {torch.__version__}, backend {args.backend}; TinyGPT (dim 64, 4 layers, "
         f"4 heads, T 32, batch 16), {args.steps} steps per strategy (median after the first); "
-        f"{len(rounds)} round(s), calibration "
-        + ", ".join(f"{r['calibration_s']:.1f} s" for r in rounds)
-        + f"; 1-minute load average {load[0]:.1f} before, "
-        + ", ".join(f"{r['load']:.1f}" for r in rounds)
+        f"{len(rounds)} round(s); before the 2-rank and the 4-rank runs of each round a "
+        "calibration ("
+        + ", ".join(f"{t:.1f} s" for r in rounds for t in r["calibration_s"])
+        + f"); 1-minute load average {load[0]:.1f} before, "
+        + ", ".join(f"{x:.1f}" for r in rounds for x in r["load"])
         + f" after each calibration, {load[1]:.1f} at the end. Command:",
         "",
         "```",
@@ -127,6 +136,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="training steps per strategy")
     parser.add_argument("--backend", default="gloo", help="gloo or labkit_shm")
     parser.add_argument("--out", help="append the markdown section to this file")
+    parser.add_argument("--verbose", action="store_true", help="print every prediction's terms")
     args = parser.parse_args()
     load = [os.getloadavg()[0]]
     rounds = [one_round(args.steps, args.backend) for _ in range(args.rounds)]

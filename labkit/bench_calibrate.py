@@ -34,6 +34,7 @@ __all__ = ["TINY_OPS", "calibrate", "measure_probes"]
 TINY_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
 MACHINE_BACKEND = "gloo"  # its waits block in the kernel: a waiting rank leaves its core free
 COPY_SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes: in cache up to memory
+BURST = 40  # 64 x 64 matrix products between two calls of ``_between``: about 0.3 ms
 
 
 def _cores() -> int:
@@ -149,10 +150,59 @@ def _machine(fast: bool) -> dict:
     return out
 
 
+def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Each op at its smallest size between short bursts of compute, as a training step calls
+    it (a ZeRO-3 unit's gather, a tensor-parallel layer's all-reduce): per burst, with the op
+    and without it, from the first rank's start to the last rank's end. ``"p2p"``: pairs pass
+    a message back and forth, each burst of compute between a receive and a send, as pipeline
+    stages do; half an iteration is one burst and one hop."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    a, b = torch.randn(64, 64), torch.empty(64, 64)
+    x, whole, part = torch.ones(p), torch.empty(p), torch.ones(1)
+
+    def burst() -> None:
+        for _ in range(BURST):
+            torch.mm(a, a, out=b)
+
+    def hop() -> None:  # even ranks compute and send first, odd ranks answer
+        peer = rank ^ 1
+        if rank % 2 == 0:
+            burst()
+            dist.send(part, peer)
+            dist.recv(part, peer)
+        else:
+            dist.recv(part, peer)
+            burst()
+            dist.send(part, peer)
+
+    calls = {
+        "none": burst,
+        "all_reduce": lambda: (burst(), dist.all_reduce(x)),
+        "all_gather": lambda: (burst(), dist.all_gather_into_tensor(whole, part)),
+        "reduce_scatter": lambda: (burst(), dist.reduce_scatter_tensor(part, whole)),
+    }
+    if p % 2 == 0:
+        calls["p2p"] = hop
+    starts: dict[str, list[float]] = {k: [] for k in calls}
+    ends: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            dist.barrier()
+            starts[name].append(time.perf_counter())
+            for _ in range(iters):
+                call()
+            ends[name].append(time.perf_counter())
+    per_burst = {k: [t / iters for t in _makespan(starts[k], ends[k])] for k in calls}
+    if "p2p" in per_burst:  # two bursts and two hops per iteration
+        per_burst["p2p"] = [t / 2 for t in per_burst["p2p"]]
+    none = per_burst.pop("none")
+    return {k: (with_op, none) for k, with_op in per_burst.items()}
+
+
 def _probe(rank: int, world_size: int, machine: bool, fast: bool) -> dict:
     torch.set_num_threads(1)  # one core per rank, as the course's ranks run
     iters = 8 if fast else 20
-    out: dict = {"tiny": _tiny(iters)}
+    out: dict = {"tiny": _tiny(iters), "between": _between(iters, 3 if fast else 5)}
     pg = dist.group.WORLD
     out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
     if world_size == 2:
@@ -198,6 +248,7 @@ def measure_probes(
             got = launch(_probe, p, backend=b, args=(b == MACHINE_BACKEND, fast), timeout=timeout)
             r = got[0]
             bp.tiny |= {(op, p): s for op, s in r["tiny"].items()}
+            bp.between |= {(op, p): s for op, s in r["between"].items()}
             bp.chunk_bytes[p] = r["chunk_bytes"]
             bp.p2p = r.get("p2p", bp.p2p)
             bp.exchange = r.get("exchange", bp.exchange)

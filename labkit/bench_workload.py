@@ -6,10 +6,12 @@ A planner that prices compute with a matrix product's peak FLOP/s misses a small
 an order of magnitude: its layers are short kernels with Python between them. Here every
 layer of an ``nn.Sequential`` is timed on one thread (a rank's share of the cores), forward
 and backward separately, at several token counts, and ``a + c·N`` is fitted to each: a
-per-call part (the kernels' launch and Python, paid whatever the size) and a per-token part.
-Adam's step is timed over the model's tensors and over one flat tensor of as many elements
-(its cost per tensor and per element), and a whole single-process step against the sum of its
-parts gives the rest of its Python. The result is a ``labkit.plan_workload.Workload``::
+per-call part (the kernels' launch and Python, paid whatever the size) and a per-token part,
+both rescaled so the layers add up to the whole model timed the same way (layers alike, such
+as a transformer's blocks, share one fit). Adam's step is timed over the model's tensors and
+over one flat tensor of as many elements (its cost per tensor and per element), and a whole
+single-process step against the sum of its parts gives the rest of its Python. The result is
+a ``labkit.plan_workload.Workload``::
 
     work = lk.bench.workload_from_model(model, x_of, y_of, loss_fn, batch=16, seq_len=32,
                                         blocks=range(1, 5), tp_plan=plan)
@@ -17,7 +19,6 @@ parts gives the rest of its Python. The result is a ``labkit.plan_workload.Workl
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Iterable
 
@@ -32,14 +33,16 @@ __all__ = ["capstone_workload", "time_layers", "workload_from_model"]
 Batch = Callable[[int], torch.Tensor]
 
 
-def _median_time(fn: Callable[[], object], reps: int) -> float:
+def _best_time(fn: Callable[[], object], reps: int) -> float:
+    """The fastest of ``reps`` runs after a warm-up: the work itself, without the time slices
+    other processes take (the machine model's compute sharing adds those back)."""
     fn()  # warm-up: allocator, first-call paths
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def _units(layer: nn.Module) -> tuple[tuple[int, ...], ...]:
@@ -77,7 +80,7 @@ def time_layers(
         x_of: batch size → an input batch; ``y_of``: batch size → its targets.
         loss_fn: the loss of the last layer's output.
         sizes: batch sizes (sequences) to time.
-        reps: timed repetitions (median).
+        reps: timed repetitions (the fastest counts).
 
     Returns:
         Per layer ``(tokens, forward seconds, backward seconds, output width)``, the lists
@@ -104,8 +107,8 @@ def time_layers(
                     o = forward()
                     o.backward(torch.ones_like(o) if o.dim() else None)
 
-                f = _median_time(forward, reps)
-                fb = _median_time(both, reps)
+                f = _best_time(forward, reps)
+                fb = _best_time(both, reps)
                 with torch.no_grad():
                     h = layer(inp)
                 tok, fs, bs, _ = out[i]
@@ -116,6 +119,24 @@ def time_layers(
                 layer.zero_grad(set_to_none=True)
     finally:
         torch.set_num_threads(threads)
+    return out
+
+
+def _scaled_to_whole(fits: dict, whole: list) -> dict:
+    """Layer fits rescaled so that they add up to the whole model's: a layer timed alone
+    misses what running them one after the other costs (cold caches, one autograd graph).
+    The per-call parts and the per-token parts are scaled separately, forward and backward."""
+    ((tokens, f, b, _),) = whole
+    out = dict(fits)
+    for d, times in ((0, f), (1, b)):
+        a_all, c_all = _fit(tokens, times)
+        a_sum = sum(v[d][0] for v in fits.values())
+        c_sum = sum(v[d][1] for v in fits.values())
+        for i, v in fits.items():
+            a, c = v[d]
+            a = a * a_all / a_sum if a_sum else a_all / len(fits)
+            c = c * c_all / c_sum if c_sum else c_all / len(fits)
+            out[i] = (out[i][0], (a, c)) if d else ((a, c), out[i][1])
     return out
 
 
@@ -132,7 +153,7 @@ def _adam_costs(model: nn.Module, reps: int) -> tuple[float, float]:
             for p in ps:
                 p.grad = torch.ones_like(p)
             opt = torch.optim.Adam(ps, lr=1e-3)
-            times.append(_median_time(opt.step, reps))
+            times.append(_best_time(opt.step, reps))
     finally:
         torch.set_num_threads(threads)
     k, psi = len(params), flat[0].numel()
@@ -188,6 +209,9 @@ def workload_from_model(
         fwd = _fit(tok, [t for i in members for t in timed[i][1]])
         bwd = _fit(tok, [t for i in members for t in timed[i][2]])
         fits |= dict.fromkeys(members, (fwd, bwd))
+    fits = _scaled_to_whole(
+        fits, time_layers(nn.Sequential(model), x_of, y_of, loss_fn, sizes, reps)
+    )
     modules = dict(model.named_modules())
     layers = []
     for i, (layer, (_, _, _, width)) in enumerate(zip(model, timed, strict=True)):
@@ -216,7 +240,7 @@ def workload_from_model(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        measured = _median_time(step, reps)
+        measured = _best_time(step, reps)
     finally:
         torch.set_num_threads(threads)
     tokens = batch * seq_len

@@ -24,7 +24,8 @@ FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what th
 - **optimizer**: Adam per local tensor and element (ZeRO and FSDP2 update 1/dp of them);
 - **overhead**: the rest of a step's Python, calibrated on one process.
 
-Every collective is ``labkit.costmodel.predict_collective`` on its group's size; a group
+Every collective is ``labkit.costmodel.predict_collective`` on its group's size, with the
+fixed cost a call pays between bursts of compute (``sync_s``, calibrated so); a group
 smaller than the world runs while the other groups' ranks also want the cores, so its time is
 scaled by the compute sharing of the world over that of the group.
 
@@ -81,12 +82,13 @@ class _Pricer:
         self.machine, self.backend, self.world = machine, backend, world
 
     def __call__(self, op: str, n_bytes: float, group: int) -> float:
-        if group <= 1 and op != "p2p":
-            return 0.0
-        g = 2 if op == "p2p" else group
-        t = predict_collective(self.machine, self.backend, op, n_bytes, g)
         m = self.machine
-        return t * m.compute_share_at(self.world) / m.compute_share_at(g)
+        if op == "p2p":  # a hop: measured while the whole world passes messages
+            return predict_collective(m, self.backend, op, n_bytes, self.world, True)
+        if group <= 1:
+            return 0.0
+        t = predict_collective(m, self.backend, op, n_bytes, group, between_compute=True)
+        return t * m.compute_share_at(self.world) / m.compute_share_at(group)
 
 
 def _padded(unit: tuple[int, ...], dp: int, frac: float = 1.0) -> int:

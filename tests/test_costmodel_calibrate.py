@@ -17,6 +17,7 @@ ROUND = {2: 12e-6, 4: 90e-6}
 COPY = {1: {256 * KB: 0.03e-9, 16 * MB: 0.1e-9}, 4: {256 * KB: 0.06e-9, 16 * MB: 0.3e-9}}
 ADD = {1: {256 * KB: 0.05e-9, 16 * MB: 0.12e-9}, 4: {256 * KB: 0.1e-9, 16 * MB: 0.4e-9}}
 COMPUTE = {2: 1.1, 4: 2.3}
+SYNC = {("all_reduce", 2): 0.3e-3, ("all_gather", 4): 2.5e-3}
 
 
 def noisy(t: float, rng: random.Random, k: int = 9) -> list[float]:
@@ -33,6 +34,7 @@ def make_probes(seed: int = 0) -> Probes:
     tiny |= {("barrier", p): noisy(v, rng) for p, v in ROUND.items()}
     shm = BackendProbes("labkit_shm", "labkit_shm", p2p, exchange, tiny, {2: MB, 4: 4 * MB})
     gloo = BackendProbes("gloo", "gloo", p2p, exchange, dict(tiny), {2: 0, 4: 0})
+    gloo.between = {k: ([1e-3 + v], [1e-3]) for k, v in SYNC.items()}
     rates = {
         key: {p: [(n, noisy(r * n, rng)) for n, r in t.items()] for p, t in table.items()}
         for key, table in (("copy", COPY), ("add", ADD))
@@ -60,6 +62,11 @@ def test_recovers_every_parameter_from_the_fastest_samples():
     assert m.backend("labkit_shm").round_s == pytest.approx(ROUND, rel=1e-12)
     assert m.backend("labkit_shm").chunk_bytes == {2: MB, 4: 4 * MB}
     assert m.backend("gloo").round_s == {}  # gloo has no rounds to price
+    assert m.backend("gloo").sync_s == pytest.approx(SYNC, rel=1e-9)
+    gloo = m.backend("gloo")  # between bursts of compute a call costs its measured sync_s
+    assert gloo.overhead("all_reduce", 2, between_compute=True) == pytest.approx(0.3e-3)
+    assert gloo.overhead("all_reduce", 2) == pytest.approx(150e-6)  # back to back
+    assert gloo.overhead("all_reduce", 4, between_compute=True) == pytest.approx(900e-6)
     for p in COPY:
         for n in COPY[p]:
             assert math.isclose(m.copy_rate(p, n), COPY[p][n], rel_tol=1e-12)
@@ -67,13 +74,18 @@ def test_recovers_every_parameter_from_the_fastest_samples():
     assert m.compute_share == pytest.approx(COMPUTE, rel=1e-12)
 
 
-def test_medians_are_later_than_minima_and_the_model_follows():
+def test_medians_are_later_than_minima():
     probes = make_probes(seed=3)
     fast, typical = machine_from_probes(probes, "min"), machine_from_probes(probes, "median")
-    for op, n, p in (("all_reduce", 4 * MB, 4), ("all_gather", 64 * KB, 2)):
-        a = predict_collective(fast, "gloo", op, n, p)
-        b = predict_collective(typical, "gloo", op, n, p)
-        assert b > a > 0
+    f, t = fast.backend("gloo"), typical.backend("gloo")
+    assert all(t.overhead_s[k] > f.overhead_s[k] for k in OVERHEAD)
+    assert (t.alpha, t.beta) == (f.alpha, f.beta)  # the ping-pong's line: fastest samples
+    for p in COPY:
+        assert all(typical.copy_rate(p, n) > fast.copy_rate(p, n) for n in COPY[p])
+    assert all(typical.compute_share[p] > fast.compute_share[p] for p in COMPUTE)
+    assert predict_collective(typical, "gloo", "all_gather", 64 * KB, 2) > predict_collective(
+        fast, "gloo", "all_gather", 64 * KB, 2
+    )
 
 
 def test_duplex_is_at_least_one():

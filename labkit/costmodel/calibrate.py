@@ -8,15 +8,19 @@ computing at once against one alone) and hands their raw samples to ``machine_fr
 which is pure arithmetic — so a test can feed it made-up samples and check that it recovers
 the numbers they were made from:
 
-- α, β: ``lk.costmodel.fit`` (relative least squares, α ≥ 0) on the ping-pong times;
+- α, β: ``lk.costmodel.fit`` (relative least squares, α ≥ 0) on the fastest ping-pong times
+  (medians of a ping-pong carry whole time slices of other processes: notebook 01);
 - duplex: exchange time / one-way time for the same bytes (at least 1);
-- overhead(op, p): the time of the op at its smallest size;
+- overhead(op, p): the time of the op at its smallest size, called back to back;
+- sync_s(op, p): what the same call adds between short bursts of compute, as a training step
+  makes it (the time per burst with the call, less the time per burst without it);
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
   share the cores and the memory;
 - compute_share(p): the time of a fixed amount of compute while p ranks do it at once over
-  the same work done by one rank alone.
+  the fastest run of the same work by one rank alone (compute calibrated on its fastest runs,
+  ``lk.bench.workload_from_model``, times this factor is compute as p ranks see it now).
 
 Each term takes one statistic of its samples: ``"min"`` (the machine at its best, which other
 processes' load cannot inflate: what notebook 05 compares with the fastest sample of each
@@ -62,6 +66,8 @@ class BackendProbes:
             receives the bytes at once, against one direction only.
         tiny: ``(op, world_size) → samples`` of each op at its smallest size, and of
             ``"barrier"``.
+        between: ``(op, world_size) → (samples with the op, samples without)``: the time per
+            burst of compute with the op at its smallest size after each burst, and without.
         chunk_bytes: per world size, the bytes one round carries (0: no rounds).
     """
 
@@ -71,6 +77,7 @@ class BackendProbes:
     exchange: list[tuple[int, Samples, Samples]] = field(default_factory=list)
     tiny: dict[tuple[str, int], Samples] = field(default_factory=dict)
     chunk_bytes: dict[int, int] = field(default_factory=dict)
+    between: dict[tuple[str, int], tuple[Samples, Samples]] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,7 +102,8 @@ class Probes:
 
 
 def _ratio(pairs: Mapping[int, tuple[Samples, Samples]], stat: str) -> dict[int, float]:
-    return {p: max(1.0, pick(both, stat) / pick(alone, stat)) for p, (alone, both) in pairs.items()}
+    # over the fastest run alone: how much slower the work goes now, other processes included
+    return {p: max(1.0, pick(both, stat) / min(alone)) for p, (alone, both) in pairs.items()}
 
 
 def _rates(table: Mapping[int, list[tuple[int, Samples]]], stat: str) -> dict:
@@ -104,8 +112,8 @@ def _rates(table: Mapping[int, list[tuple[int, Samples]]], stat: str) -> dict:
 
 def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
     alpha, beta = 0.0, 0.0
-    if probe.p2p:
-        net = fit([n for n, _ in probe.p2p], [pick(s, stat) for _, s in probe.p2p])
+    if probe.p2p:  # the line through the fastest samples, whatever ``stat`` (notebook 01)
+        net = fit([n for n, _ in probe.p2p], [min(s) for _, s in probe.p2p])
         alpha, beta = net.alpha, net.beta
     duplex = 1.0
     if probe.exchange:
@@ -115,6 +123,10 @@ def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
     rounds = {}
     if any(probe.chunk_bytes.values()):
         rounds = {p: pick(s, stat) for (op, p), s in probe.tiny.items() if op == "barrier"}
+    sync = {
+        key: max(0.0, pick(with_op, stat) - pick(without, stat))
+        for key, (with_op, without) in probe.between.items()
+    }
     return BackendCosts(
         probe.name,
         probe.kind,
@@ -124,6 +136,7 @@ def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
         overhead_s=overhead,
         round_s=rounds,
         chunk_bytes=dict(probe.chunk_bytes),
+        sync_s=sync,
     )
 
 

@@ -54,6 +54,9 @@ class BackendCosts:
             what every call pays whatever its size.
         round_s: per world size, the cost of one more round (labkit_shm's synchronisation).
         chunk_bytes: per world size, the bytes a round carries (labkit_shm's slot).
+        sync_s: per ``(op, world_size)``, what one smallest call costs between bursts of
+            compute, the way a training step makes it (``predict_collective(...,
+            between_compute=True)`` uses it in place of ``overhead_s``).
     """
 
     name: str
@@ -64,6 +67,7 @@ class BackendCosts:
     overhead_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
     round_s: Mapping[int, float] = field(default_factory=dict)
     chunk_bytes: Mapping[int, int] = field(default_factory=dict)
+    sync_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in (*KINDS, NETWORK_KIND):
@@ -74,9 +78,11 @@ class BackendCosts:
                 f"{self.duplex}"
             )
 
-    def overhead(self, op: str, world_size: int) -> float:
-        """The fixed cost of one call: measured, else the α of each step of its formula."""
-        got = self.overhead_s.get((op, world_size))
+    def overhead(self, op: str, world_size: int, between_compute: bool = False) -> float:
+        """The fixed cost of one call: measured (between bursts of compute if asked and
+        measured so), else the α of each step of its formula."""
+        got = self.sync_s.get((op, world_size)) if between_compute else None
+        got = got if got is not None else self.overhead_s.get((op, world_size))
         if got is not None:
             return got
         if op == "p2p":
@@ -197,7 +203,12 @@ def _lookup(rates: Mapping[int, Mapping[int, float]], p: int, n: float, cores: i
 
 
 def collective_terms(
-    machine: MachineModel, backend: str, op: str, n_bytes: float, world_size: int
+    machine: MachineModel,
+    backend: str,
+    op: str,
+    n_bytes: float,
+    world_size: int,
+    between_compute: bool = False,
 ) -> dict[str, float]:
     """Each term of ``predict_collective``'s time, in seconds.
 
@@ -205,10 +216,13 @@ def collective_terms(
         machine: the calibrated ``MachineModel``.
         backend: a backend name of ``machine``.
         op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``, ``"broadcast"`` or
-            ``"p2p"`` (one message, α + nβ).
+            ``"p2p"`` (one message, α + nβ, or its cost measured while ``world_size`` ranks
+            pass messages in pairs).
         n_bytes: the size, nccl-tests' convention (all_gather: the gathered output;
             reduce_scatter: each rank's input).
         world_size: ranks p.
+        between_compute: the call comes between bursts of compute, as in a training step
+            (its fixed cost is then ``sync_s`` where measured).
 
     Returns:
         ``{"overhead", "rounds", "wire", "copy", "reduce"}`` (zeros on one rank); for a
@@ -220,8 +234,8 @@ def collective_terms(
     if not n_bytes >= 0:
         raise ValueError(f"n_bytes must be >= 0, got {n_bytes!r}")
     b, p, n = machine.backend(backend), world_size, float(n_bytes)
-    if op == "p2p":
-        return {"overhead": b.overhead("p2p", 2), "wire": n * b.beta}
+    if op == "p2p":  # one message; world_size: how many ranks are busy meanwhile
+        return {"overhead": b.overhead("p2p", max(p, 2), between_compute), "wire": n * b.beta}
     if p <= 1:
         return dict.fromkeys(("overhead", "rounds", "wire", "copy", "reduce"), 0.0)
     if b.kind == NETWORK_KIND:
@@ -233,7 +247,7 @@ def collective_terms(
     # β was measured with 2 ranks busy: the wire slows down as copies do beyond that
     wire_share = machine.share(p, n, base=2)
     return {
-        "overhead": b.overhead(op, p),
+        "overhead": b.overhead(op, p, between_compute),
         "rounds": extra * b.round_s.get(p, 0.0),
         "wire": wire_share * r.wire * n * b.beta * (b.duplex if r.exchange else 1.0),
         "copy": r.copy * n * machine.copy_rate(p, n),
@@ -242,7 +256,12 @@ def collective_terms(
 
 
 def predict_collective(
-    machine: MachineModel, backend: str, op: str, n_bytes: float, world_size: int
+    machine: MachineModel,
+    backend: str,
+    op: str,
+    n_bytes: float,
+    world_size: int,
+    between_compute: bool = False,
 ) -> float:
     """Predicted seconds of one ``op`` of ``n_bytes`` on ``world_size`` ranks of ``backend``.
 
@@ -254,6 +273,7 @@ def predict_collective(
         op: as ``collective_terms``.
         n_bytes: as ``collective_terms``.
         world_size: ranks p.
+        between_compute: as ``collective_terms``.
 
     Returns:
         Seconds (0 on one rank).
@@ -261,4 +281,5 @@ def predict_collective(
     Raises:
         KeyError, ValueError: as ``collective_terms``.
     """
-    return math.fsum(collective_terms(machine, backend, op, n_bytes, world_size).values())
+    terms = collective_terms(machine, backend, op, n_bytes, world_size, between_compute)
+    return math.fsum(terms.values())
