@@ -42,7 +42,7 @@ from labkit.parallel.dims import ParallelDims
 from labkit.plan_pipeline import pipeline_time
 from labkit.plan_workload import Workload
 
-__all__ = ["StepTime", "step_time"]
+__all__ = ["StepTime", "collective_counts", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -205,3 +205,46 @@ def _optimizer(w: Workload, stages: list[list[int]], zero: int, dp: int, tp: int
         elements = w.local_numel(layers, tp) / (dp if zero else 1)
         worst = max(worst, per_tensor * w.tensors(layers) + per_element * elements)
     return worst
+
+
+def collective_counts(
+    workload: Workload, dims: ParallelDims, zero_stage: int = 0, microbatches: int = 1
+) -> dict[str, int]:
+    """The calls one rank of the busiest stage makes in one step, as ``step_time`` prices them.
+
+    What labkit's implementations issue (this module's docstring), so a recording backend can
+    check the model (notebook 17 counts FSDP2's; tests/test_plan_counts.py every strategy):
+    ``"all_reduce"`` (tp's per layer, DDP's per bucket, the clipping's one), ``"all_gather"``
+    and ``"reduce_scatter"`` (ZeRO and FSDP2, per unit), ``"send"`` and ``"recv"``
+    (activations forward and gradients backward between stages).
+
+    Args:
+        workload: the model.
+        dims: the degrees.
+        zero_stage: 0, or 1-3 (3 also for FSDP2) over dp.
+        microbatches: m (a pipeline's, or accumulation steps when pp = 1).
+
+    Returns:
+        Per op, calls per step on the first stage's ranks (the last stage's for p2p, which
+        receives as much as the first sends).
+    """
+    dp, pp, tp, m = dims.dp, dims.pp, dims.tp, microbatches
+    zero = zero_stage if dp > 1 else 0
+    layers = workload.stages(pp)[0]
+    units = len(workload.units(layers))
+    tp_calls = m * sum(
+        workload.layers[i].tp_colwise + workload.layers[i].tp_rowwise for i in layers
+    )
+    counts = {
+        "all_reduce": (tp_calls if tp > 1 else 0) + (dims.world_size > 1),
+        "all_gather": 0,
+        "reduce_scatter": 0,
+        "send": m if pp > 1 else 0,
+        "recv": m if pp > 1 else 0,
+    }
+    if dp > 1 and zero == 0:
+        counts["all_reduce"] += len(workload.buckets(layers, tp))
+    elif zero:
+        counts["reduce_scatter"] = units
+        counts["all_gather"] = units if zero in (1, 2) else 2 * m * units
+    return counts

@@ -44,7 +44,7 @@ from labkit.memory import STAGES
 from labkit.parallel.dims import ParallelDims
 from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
 from labkit.plan_specs import DeviceSpec, ModelSpec, PlanError, _positive_int
-from labkit.plan_time import StepTime, step_time
+from labkit.plan_time import StepTime, collective_counts, step_time
 from labkit.plan_workload import LayerCost, Workload
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "PlanError",
     "StepTime",
     "Workload",
+    "collective_counts",
     "plan",
     "step_time",
 ]

@@ -78,6 +78,16 @@ class BackendCosts:
                 f"{self.duplex}"
             )
 
+    @property
+    def latency_us(self) -> float:
+        """α in microseconds."""
+        return self.alpha * 1e6
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """1/β in GB/s (infinite for β = 0)."""
+        return 1 / self.beta / 1e9 if self.beta > 0 else math.inf
+
     def overhead(self, op: str, world_size: int, between_compute: bool = False) -> float:
         """The fixed cost of one call: measured (between bursts of compute if asked and
         measured so), else the α of each step of its formula."""

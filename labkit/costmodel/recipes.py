@@ -33,9 +33,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["KINDS", "SHM_ONE_SHOT_BYTES", "SHM_ONE_SHOT_RANKS", "Recipe", "lg_ceil", "recipe"]
+__all__ = [
+    "KINDS",
+    "OPS",
+    "SHM_ONE_SHOT_BYTES",
+    "SHM_ONE_SHOT_RANKS",
+    "Recipe",
+    "lg_ceil",
+    "recipe",
+]
 
 KINDS = ("gloo", "labkit_shm")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")  # those with recipes
 # labkit_shm's one-shot all-reduce (labkit/backends/_shm/collectives.py: ONE_SHOT_BYTES and
 # ONE_SHOT_RANKS; a test keeps the two in step).
 SHM_ONE_SHOT_BYTES = 256 << 10
