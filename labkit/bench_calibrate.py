@@ -258,6 +258,9 @@ def measure_probes(
                     table[1] = [(n, alone) for n, (alone, _) in m[kind].items()]
                     table[p] = [(n, both) for n, (_, both) in m[kind].items()]
                 probes.compute_share[p] = m["compute"]
+                # one rank alone, every launch's samples: the machine's own drift (p = 1)
+                alone = [*probes.compute_share.get(1, ([], []))[0], *m["compute"][0]]
+                probes.compute_share[1] = (alone, alone)
         found[b] = bp
     probes.backends = [found[b] for b in backends]
     return probes

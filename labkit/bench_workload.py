@@ -19,6 +19,7 @@ a ``labkit.plan_workload.Workload``::
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -56,6 +57,9 @@ def _units(layer: nn.Module) -> tuple[tuple[int, ...], ...]:
 
 
 def _fit(tokens: list[int], times: list[float]) -> tuple[float, float]:
+    times = [max(t, 1e-7) for t in times]  # a backward shorter than noise: 0.1 us, not zero
+    if len(set(tokens)) < 2:
+        return 0.0, sum(times) / sum(tokens)
     a, c = least_squares_alpha_beta(tokens, times, relative=True)
     if a < 0:  # a line through the origin: no per-call part
         a, c = 0.0, sum(times) / sum(tokens)
@@ -90,10 +94,10 @@ def time_layers(
     torch.set_num_threads(1)
     layers = list(model)
     out = [([], [], [], 0) for _ in layers]
+    cases = []  # (layer index, tokens, forward, forward + backward)
     try:
         for b in sizes:
             x, y = x_of(b), y_of(b)
-            tokens = int(y.numel())
             h = x
             for i, layer in enumerate(layers):
                 inp = h.detach().requires_grad_(h.is_floating_point())
@@ -107,18 +111,26 @@ def time_layers(
                     o = forward()
                     o.backward(torch.ones_like(o) if o.dim() else None)
 
-                f = _best_time(forward, reps)
-                fb = _best_time(both, reps)
                 with torch.no_grad():
                     h = layer(inp)
-                tok, fs, bs, _ = out[i]
-                tok.append(tokens)
-                fs.append(f)
-                bs.append(max(fb - f, 0.0))
-                out[i] = (tok, fs, bs, int(h.shape[-1]))
-                layer.zero_grad(set_to_none=True)
+                out[i] = (*out[i][:3], int(h.shape[-1]))
+                cases.append((i, int(y.numel()), forward, both))
+        # every case once per round, rounds interleaved: a slow moment of the machine hits
+        # one repetition of many cases instead of every repetition of one
+        best = [[math.inf, math.inf] for _ in cases]
+        for _ in range(reps + 1):
+            for k, (i, _, forward, both) in enumerate(cases):
+                for j, fn in enumerate((forward, both)):
+                    t0 = time.perf_counter()
+                    fn()
+                    best[k][j] = min(best[k][j], time.perf_counter() - t0)
+                layers[i].zero_grad(set_to_none=True)
     finally:
         torch.set_num_threads(threads)
+    for (i, tokens, _, _), (f, fb) in zip(cases, best, strict=True):
+        out[i][0].append(tokens)
+        out[i][1].append(f)
+        out[i][2].append(max(fb - f, 0.0))
     return out
 
 

@@ -18,8 +18,9 @@ FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what th
   last backward — each call a blocking collective of the unit's padded size;
 - **DDP**: one all-reduce per bucket (labkit's ``DataParallelBucketed``, 25 MiB buckets),
   overlapped with the rest of backward only where a spare core can carry it;
-- **pp**: 1F1B played through (``labkit.plan_pipeline``) with each stage's own times and one
-  point-to-point message of N·h elements per hop: the bubble comes out of it;
+- **pp**: 1F1B played through (``labkit.plan_pipeline``) with each stage's own times, one
+  point-to-point message of N·h elements per hop, and the cores shared only by the stages
+  that compute at the same moment: the bubble comes out of it;
 - **clip**: one all-reduce of a scalar over every rank (``compose.clip_grad_norm_``);
 - **optimizer**: Adam per local tensor and element (ZeRO and FSDP2 update 1/dp of them);
 - **overhead**: the rest of a step's Python, calibrated on one process.
@@ -138,9 +139,11 @@ def step_time(
     eb, tokens = w.element_bytes, w.batch // (dp * m) * w.seq_len
     stages = w.stages(pp)
     fwd, bwd, tp_s, gathers = [], [], 0.0, 0.0
+    # a pipeline shares the cores only while its stages compute at once (plan_pipeline)
+    scale = 1.0 if pp > 1 else share
     for layers in stages:
-        f = sum(w.layers[i].time_s(tokens, tp)[0] for i in layers) * share
-        b = sum(w.layers[i].time_s(tokens, tp)[1] for i in layers) * share
+        f = sum(w.layers[i].time_s(tokens, tp)[0] for i in layers) * scale
+        b = sum(w.layers[i].time_s(tokens, tp)[1] for i in layers) * scale
         act = tokens * max(w.layers[layers[0]].width, 1) * eb
         tf = sum(w.layers[i].tp_rowwise for i in layers) * price("all_reduce", act, tp)
         tb = sum(w.layers[i].tp_colwise for i in layers) * price("all_reduce", act, tp)
@@ -148,14 +151,16 @@ def step_time(
         if zero == 3:  # every unit gathered before its forward and before its backward
             frac = w.local_numel(layers, tp) / max(1, w.local_numel(layers))
             g = sum(price("all_gather", _padded(u, dp, frac) * eb, dp) for u in w.units(layers))
-        fwd.append(f + tf + g)
-        bwd.append(b + tb + g)
+        fwd.append(f + (tf + g) * scale / share)  # calls priced as they are, not shared again
+        bwd.append(b + (tb + g) * scale / share)
         tp_s, gathers = max(tp_s, m * (tf + tb)), max(gathers, 2 * m * g)
     reasons = [f"micro-batch: b = B/(dp·m) = {w.batch}/({dp}·{m}), {tokens} tokens"]
     if pp > 1:
         hop = price("p2p", tokens * w.layers[stages[0][-1]].width * eb, 2)
-        pipe = pipeline_time(fwd, bwd, m, hop)
-        compute, bubble = max(pipe.busy_s), pipe.step_s - max(pipe.busy_s)
+        pipe = pipeline_time(fwd, bwd, m, hop, machine.compute_share_at, copies=dp * tp)
+        compute = max(pipe.busy_s) * share  # the busiest stage's work, as shared as it gets
+        compute = min(compute, pipe.step_s)
+        bubble = pipe.step_s - compute
         reasons.append(
             f"1F1B over {pp} stages, {m} micro-batches: busiest stage {compute * 1e3:.3g} ms, "
             f"bubble {bubble * 1e3:.3g} ms (hops of {hop * 1e6:.0f} us)"

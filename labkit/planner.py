@@ -45,7 +45,7 @@ from labkit.parallel.dims import ParallelDims
 from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
 from labkit.plan_specs import DeviceSpec, ModelSpec, PlanError, _positive_int
 from labkit.plan_time import StepTime, collective_counts, step_time
-from labkit.plan_workload import LayerCost, Workload
+from labkit.plan_workload import LayerCost, Workload, transformer_workload
 
 __all__ = [
     "Calibrated",
@@ -59,6 +59,7 @@ __all__ = [
     "collective_counts",
     "plan",
     "step_time",
+    "transformer_workload",
 ]
 
 

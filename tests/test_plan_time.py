@@ -68,6 +68,19 @@ def test_pipeline_time_unequal_stages_by_hand():
         pipeline_time([1.0], [1.0, 2.0], 2)
 
 
+def test_pipeline_stages_share_one_core_only_while_both_compute():
+    # one core (k ranks computing: each at 1/k speed), F = B = 1: stage 0 F0 [0,1]; F1 and
+    # stage 1's F0 together [1,3]; stage 1 B0 alone [3,4]; stage 0 B0 and stage 1 F1 together
+    # [4,6]; stage 1 B1 [6,7]; stage 0 B1 [7,8]: the 8 units of work on one core, no idle core
+    t = pipeline_time([1.0, 1.0], [1.0, 1.0], 2, share=lambda k: float(k))
+    assert t.step_s == 8.0 and t.busy_s == (4.0, 4.0)
+    assert pipeline_time([1.0, 1.0], [1.0, 1.0], 2).step_s == 6.0  # a core each: (m+p-1)(F+B)
+    # two pipelines side by side (dp = 2) on the same core: always at least 2 ranks busy
+    assert (
+        pipeline_time([1.0, 1.0], [1.0, 1.0], 2, share=lambda k: float(k), copies=2).step_s == 16.0
+    )
+
+
 def test_workload_layout():
     assert WORK.numel == 14 + 2 * 20 + 3 and WORK.n_blocks == 2
     assert WORK.stages(1) == [[0, 1, 2, 3]] and WORK.stages(2) == [[0, 1], [2, 3]]
