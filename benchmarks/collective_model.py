@@ -5,6 +5,7 @@ Run:  .venv/bin/python benchmarks/collective_model.py [--rounds 3] [--iters 15] 
 
 Every number comes from this run on this machine. Each round, one after the other:
 
+0. every collective below is measured once (the noise floor: the same measurement again);
 1. ``lk.bench.measure_probes`` (the calibration's microbenchmarks; ``--fast``: what notebook 05
    runs) and ``lk.costmodel.machine_from_probes``: the ``MachineModel``;
 2. ``lk.bench.collective`` times all_reduce, all_gather, reduce_scatter and broadcast from
@@ -41,6 +42,7 @@ BACKENDS = ("gloo", "labkit_shm")
 WORLD_SIZES = (2, 4)
 SIZES = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
 TARGET = 0.25
+VERBOSE = "--verbose" in sys.argv
 
 
 def _measure(rank: int, world_size: int, iters: int) -> dict:
@@ -59,6 +61,10 @@ def errors(probes, measured: dict, stat: str) -> dict:
             cal, naive = [], []
             for r in rows:
                 t = pick(r.times_s, stat)
+                if VERBOSE and stat == "min":
+                    pred = lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p)
+                    print(f"{backend:10s} {p} {op:15s} {r.n_bytes:>9d} model {pred * 1e3:8.2f} "
+                          f"measured {t * 1e3:8.2f} ratio {t / pred:5.2f}")  # fmt: skip
                 cal.append(
                     abs(lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p) - t) / t
                 )
@@ -67,17 +73,35 @@ def errors(probes, measured: dict, stat: str) -> dict:
     return out
 
 
-def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float]:
-    t0 = time.perf_counter()
-    probes = lk.bench.measure_probes(BACKENDS, WORLD_SIZES, fast=fast)
-    seconds = time.perf_counter() - t0
-    load = os.getloadavg()[0]
-    measured = {
+def _measure_all(iters: int) -> dict:
+    return {
         (b, p): lk.launch(_measure, p, backend=b, args=(iters,), timeout=900)[0]
         for b in BACKENDS
         for p in WORLD_SIZES
     }
-    return errors(probes, measured, "min"), errors(probes, measured, "median"), seconds, load
+
+
+def repeat_error(first: dict, second: dict) -> dict:
+    """(backend, p, op) → median over sizes of |first − second| / second, fastest samples:
+    how far a measurement lands from itself a minute later (the noise floor of the target)."""
+    out = {}
+    for key, rows_by_op in second.items():
+        for op, rows in rows_by_op.items():
+            before = {r.n_bytes: r.time_min_s for r in first[key][op]}
+            errs = [abs(before[r.n_bytes] - r.time_min_s) / r.time_min_s for r in rows]
+            out[(*key, op)] = statistics.median(errs)
+    return out
+
+
+def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float, dict]:
+    before = _measure_all(iters)
+    t0 = time.perf_counter()
+    probes = lk.bench.measure_probes(BACKENDS, WORLD_SIZES, fast=fast)
+    seconds = time.perf_counter() - t0
+    load = os.getloadavg()[0]
+    measured = _measure_all(iters)
+    fastest, medians = errors(probes, measured, "min"), errors(probes, measured, "median")
+    return fastest, medians, seconds, load, repeat_error(before, measured)
 
 
 def report(rounds: list, args, load: list[float]) -> str:
@@ -100,11 +124,13 @@ def report(rounds: list, args, load: list[float]) -> str:
         "",
         "Median over sizes 64 KB-16 MB of |predicted − measured| / measured, per round "
         "(r1 / r2 / …): the calibrated model on fastest samples, on medians, and the α-β "
-        "model fitted on the ping-pong alone (fastest samples).",
+        "model fitted on the ping-pong alone (fastest samples); and the same collectives "
+        "measured once before the calibration against the measurement after it (fastest "
+        "samples): how far this machine lands from itself a minute later.",
         "",
         "| backend | ranks | collective | calibrated, fastest | calibrated, medians "
-        "| ping-pong only |",
-        "|---|---|---|---|---|---|",
+        "| ping-pong only | measurement vs itself |",
+        "|---|---|---|---|---|---|---|",
     ]
     worst = []
     for b in BACKENDS:
@@ -114,11 +140,13 @@ def report(rounds: list, args, load: list[float]) -> str:
                 fast_err = [r[0][key][0] for r in rounds]
                 med_err = [r[1][key][0] for r in rounds]
                 naive = [r[0][key][1] for r in rounds]
+                itself = [r[4][key] for r in rounds]
                 worst.append(max(fast_err))
                 lines.append(
                     f"| {b} | {p} | {op} | {' / '.join(f'{e:.0%}' for e in fast_err)} | "
                     f"{' / '.join(f'{e:.0%}' for e in med_err)} | "
-                    f"{' / '.join(f'{e:.0%}' for e in naive)} |"
+                    f"{' / '.join(f'{e:.0%}' for e in naive)} | "
+                    f"{' / '.join(f'{e:.0%}' for e in itself)} |"
                 )
     met = sum(w <= TARGET for w in worst)
     lines += [
@@ -135,6 +163,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=15, help="timed samples per size")
     parser.add_argument("--fast", action="store_true", help="the fast calibration (notebook 05's)")
     parser.add_argument("--out", help="append the markdown section to this file")
+    parser.add_argument("--verbose", action="store_true", help="print every size's ratio")
     args = parser.parse_args()
     load = [os.getloadavg()[0]]
     rounds = [one_round(args.iters, args.fast) for _ in range(args.rounds)]
