@@ -12,10 +12,14 @@ ranks. A ``MachineModel`` holds each of these as a number measured on the machin
 measurements into this model), and ``predict_collective`` adds them up::
 
     t = overhead(op, p) + (rounds − 1)·round_s(p)
-        + share(p) · (wire·n·β·[duplex] + copy·n·c + reduce·n·γ)
+        + wire·n·β·[duplex]·c(p, n)/c(2, n) + copy·n·c(p, n) + reduce·n·a(p, n)
 
-with the recipe's counts per byte of n, c the seconds per byte of a one-core memcpy and γ of
-one ``a += b``. ``MachineModel.from_network`` builds the same object from a preset network
+with the recipe's counts per byte of n; c(p, n) and a(p, n) the seconds per byte of one
+copy and of one ``a += b`` of n bytes while p ranks do the same at once (how ranks share the
+cores and the memory, measured: the ratio c(p, n)/c(2, n) slows the wire, whose β was
+measured with two ranks busy); and, between bursts of compute as a training step makes the
+calls (``between_compute=True``), each call's fixed cost measured that way (``sync_s``).
+``MachineModel.from_network`` builds the same object from a preset network
 (and a device's FLOP/s) for what-if questions at cluster scale, where it reduces to the
 textbook α-β-γ formulas (``predict``) with no per-call overhead and no sharing.
 
