@@ -3,20 +3,22 @@
 Run:  .venv/bin/python benchmarks/collective_model.py [--rounds 3] [--iters 15] [--fast]
       [--out benchmarks/RESULTS.md]
 
-Every number comes from this run on this machine. Each round, one after the other:
-
-0. every collective below is measured once (the noise floor: the same measurement again);
-1. ``lk.bench.measure_probes`` (the calibration's microbenchmarks; ``--fast``: what notebook 05
-   runs) and ``lk.costmodel.machine_from_probes``: the ``MachineModel``;
-2. ``lk.bench.collective`` times all_reduce, all_gather, reduce_scatter and broadcast from
-   64 KB to 16 MB on gloo and labkit_shm, 2 and 4 ranks.
+Every number comes from this run on this machine. Each round, one launch per backend and
+world size (2 and 4 ranks; gloo first, whose launches also measure the machine) runs twice
+over: the calibration's microbenchmarks (``lk.bench.probe_rank``; ``--fast``: what notebook 05
+runs), then all_reduce, all_gather, reduce_scatter and broadcast from 64 KB to 16 MB
+(``lk.bench.collective``) — so the model's inputs and what it predicts are measured seconds
+apart on a machine whose load drifts. The probes of both halves make the ``MachineModel``
+(``lk.bench.add_launch``, ``lk.costmodel.machine_from_probes``); the collectives' samples of
+both halves are pooled.
 
 Reported per (backend, ranks, collective): the median over sizes of |predicted − measured| /
 measured, for the model calibrated on the fastest samples against the fastest sample of each
 size (the machine at its best: what other processes' load cannot inflate), and for the model
 calibrated on medians against the median sample; next to it the error of the α-β ring/tree
-model fitted on the ping-pong alone (notebook 05's starting point). The target: median error
-≤ 25 % for every row, fastest samples.
+model fitted on the ping-pong alone (notebook 05's starting point), and how far the first
+half's measurement lands from the second's (the noise floor). The target: median error ≤ 25 %
+for every row, fastest samples.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,9 +48,24 @@ TARGET = 0.25
 VERBOSE = "--verbose" in sys.argv
 
 
-def _measure(rank: int, world_size: int, iters: int) -> dict:
+def _calibrate_and_measure(rank: int, world_size: int, backend: str, iters: int, fast: bool):
+    """The calibration's probes, then every collective, twice over, in one launch: the model's
+    inputs and what it predicts are measured seconds apart, as the load drifts."""
     torch.set_num_threads(1)
-    return {c: lk.bench.collective(c, SIZES, iters=iters, warmup=2) for c in OPS}
+    out = []
+    for _ in range(2):
+        probe = lk.bench.probe_rank(rank, world_size, backend == "gloo", fast)
+        rows = {c: lk.bench.collective(c, SIZES, iters=iters, warmup=2) for c in OPS}
+        out.append((probe, rows))
+    return out
+
+
+def _pool(runs: list[list]) -> list:
+    """Rows of the same sizes from several runs, their samples pooled."""
+    return [
+        replace(rows[0], times_s=tuple(t for r in rows for t in r.times_s))
+        for rows in zip(*runs, strict=True)
+    ]
 
 
 def errors(probes, measured: dict, stat: str) -> dict:
@@ -61,29 +79,19 @@ def errors(probes, measured: dict, stat: str) -> dict:
             cal, naive = [], []
             for r in rows:
                 t = pick(r.times_s, stat)
+                pred = lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p)
                 if VERBOSE and stat == "min":
-                    pred = lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p)
                     print(f"{backend:10s} {p} {op:15s} {r.n_bytes:>9d} model {pred * 1e3:8.2f} "
                           f"measured {t * 1e3:8.2f} ratio {t / pred:5.2f}")  # fmt: skip
-                cal.append(
-                    abs(lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p) - t) / t
-                )
+                cal.append(abs(pred - t) / t)
                 naive.append(abs(lk.costmodel.predict(op, r.n_bytes, p, p2p) - t) / t)
             out[(backend, p, op)] = (statistics.median(cal), statistics.median(naive))
     return out
 
 
-def _measure_all(iters: int) -> dict:
-    return {
-        (b, p): lk.launch(_measure, p, backend=b, args=(iters,), timeout=900)[0]
-        for b in BACKENDS
-        for p in WORLD_SIZES
-    }
-
-
 def repeat_error(first: dict, second: dict) -> dict:
     """(backend, p, op) → median over sizes of |first − second| / second, fastest samples:
-    how far a measurement lands from itself a minute later (the noise floor of the target)."""
+    how far a measurement lands from itself seconds later (the noise floor of the target)."""
     out = {}
     for key, rows_by_op in second.items():
         for op, rows in rows_by_op.items():
@@ -94,14 +102,23 @@ def repeat_error(first: dict, second: dict) -> dict:
 
 
 def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float, dict]:
-    before = _measure_all(iters)
     t0 = time.perf_counter()
-    probes = lk.bench.measure_probes(BACKENDS, WORLD_SIZES, fast=fast)
+    probes, halves = lk.costmodel.calibrate.Probes(cores=len(os.sched_getaffinity(0))), ({}, {})
+    for b in ("gloo", *[x for x in BACKENDS if x != "gloo"]):  # gloo also probes the machine
+        for p in WORLD_SIZES:
+            got = lk.launch(_calibrate_and_measure, p, backend=b, args=(b, iters, fast),
+                            timeout=900)[0]  # fmt: skip
+            for half, (probe, rows) in zip(halves, got, strict=True):
+                lk.bench.add_launch(probes, b, p, probe)
+                half[(b, p)] = rows
     seconds = time.perf_counter() - t0
     load = os.getloadavg()[0]
-    measured = _measure_all(iters)
+    measured = {
+        key: {op: _pool([halves[0][key][op], halves[1][key][op]]) for op in OPS}
+        for key in halves[0]
+    }
     fastest, medians = errors(probes, measured, "min"), errors(probes, measured, "median")
-    return fastest, medians, seconds, load, repeat_error(before, measured)
+    return fastest, medians, seconds, load, repeat_error(*halves)
 
 
 def report(rounds: list, args, load: list[float]) -> str:
@@ -111,12 +128,13 @@ def report(rounds: list, args, load: list[float]) -> str:
         "## The calibrated collective model against every collective",
         "",
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__}; {n} round(s), each a calibration "
-        f"({'fast, as notebook 05' if args.fast else 'full'}: "
-        + ", ".join(f"{r[2]:.1f} s" for r in rounds)
-        + f") then {args.iters} samples per size; 1-minute load average {load[0]:.1f} before, "
+        f"torch {torch.__version__}; {n} round(s) of launches that alternate the "
+        f"calibration's probes ({'fast, as notebook 05' if args.fast else 'full'}) with "
+        f"{args.iters} samples per size of every collective, twice ("
+        + ", ".join(f"{r[2]:.0f} s" for r in rounds)
+        + f" per round); 1-minute load average {load[0]:.1f} before, "
         + ", ".join(f"{r[3]:.1f}" for r in rounds)
-        + f" after each calibration, {load[1]:.1f} at the end. Command:",
+        + f" after each round, {load[1]:.1f} at the end. Command:",
         "",
         "```",
         cmd.rstrip(),
@@ -124,9 +142,9 @@ def report(rounds: list, args, load: list[float]) -> str:
         "",
         "Median over sizes 64 KB-16 MB of |predicted − measured| / measured, per round "
         "(r1 / r2 / …): the calibrated model on fastest samples, on medians, and the α-β "
-        "model fitted on the ping-pong alone (fastest samples); and the same collectives "
-        "measured once before the calibration against the measurement after it (fastest "
-        "samples): how far this machine lands from itself a minute later.",
+        "model fitted on the ping-pong alone (fastest samples); and the collectives of the "
+        "launch's first half against those of its second half (fastest "
+        "samples): how far this machine lands from itself seconds later.",
         "",
         "| backend | ranks | collective | calibrated, fastest | calibrated, medians "
         "| ping-pong only | measurement vs itself |",

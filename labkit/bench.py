@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from labkit.bench_calibrate import calibrate, measure_probes
+from labkit.bench_calibrate import add_launch, calibrate, measure_probes, probe_rank
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_p2p import p2p_pingpong
 from labkit.bench_results import GB, BenchResult, check_sizes
@@ -33,6 +33,7 @@ __all__ = [
     "COLLECTIVES",
     "AlphaBeta",
     "BenchResult",
+    "add_launch",
     "alpha_beta_fit",
     "calibrate",
     "capstone_workload",
@@ -43,6 +44,7 @@ __all__ = [
     "measure_probes",
     "message_sizes",
     "p2p_pingpong",
+    "probe_rank",
     "workload_from_model",
 ]
 

@@ -29,7 +29,7 @@ from labkit.costmodel.machine import MachineModel
 from labkit.costmodel.recipes import KINDS
 from labkit.launcher import launch
 
-__all__ = ["TINY_OPS", "calibrate", "measure_probes"]
+__all__ = ["TINY_OPS", "add_launch", "calibrate", "measure_probes", "probe_rank"]
 
 TINY_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
 MACHINE_BACKEND = "gloo"  # its waits block in the kernel: a waiting rank leaves its core free
@@ -199,7 +199,18 @@ def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]
     return {k: (with_op, none) for k, with_op in per_burst.items()}
 
 
-def _probe(rank: int, world_size: int, machine: bool, fast: bool) -> dict:
+def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = True) -> dict:
+    """Every microbenchmark of one launch, on this rank (call it on every rank).
+
+    Args:
+        rank, world_size: as ``lk.launch`` passes them.
+        machine: also measure the machine (copy and reduction rates, compute sharing): do it
+            on a backend whose waits leave the core free (gloo).
+        fast: fewer samples.
+
+    Returns:
+        Raw samples for ``add_launch`` (rank 0's are the ones kept).
+    """
     torch.set_num_threads(1)  # one core per rank, as the course's ranks run
     iters = 8 if fast else 20
     out: dict = {"tiny": _tiny(iters), "between": _between(iters, 3 if fast else 5)}
@@ -241,29 +252,63 @@ def measure_probes(
             raise ValueError(f"no recipes for backend {b!r}; calibrate one of {KINDS}")
     sizes = sorted({2, *world_sizes})
     order = [MACHINE_BACKEND, *[b for b in backends if b != MACHINE_BACKEND]]
-    probes, found = Probes(cores=_cores()), {}
+    probes = Probes(cores=_cores())
     for b in order:
-        bp = BackendProbes(b, b)
         for p in sizes:
-            got = launch(_probe, p, backend=b, args=(b == MACHINE_BACKEND, fast), timeout=timeout)
-            r = got[0]
-            bp.tiny |= {(op, p): s for op, s in r["tiny"].items()}
-            bp.between |= {(op, p): s for op, s in r["between"].items()}
-            bp.chunk_bytes[p] = r["chunk_bytes"]
-            bp.p2p = r.get("p2p", bp.p2p)
-            bp.exchange = r.get("exchange", bp.exchange)
-            if b == MACHINE_BACKEND:
-                m = r["machine"]
-                for kind, table in (("copy", probes.copy), ("add", probes.add)):
-                    table[1] = [(n, alone) for n, (alone, _) in m[kind].items()]
-                    table[p] = [(n, both) for n, (_, both) in m[kind].items()]
-                probes.compute_share[p] = m["compute"]
-                # one rank alone, every launch's samples: the machine's own drift (p = 1)
-                alone = [*probes.compute_share.get(1, ([], []))[0], *m["compute"][0]]
-                probes.compute_share[1] = (alone, alone)
-        found[b] = bp
-    probes.backends = [found[b] for b in backends]
+            machine = b == MACHINE_BACKEND
+            got = launch(probe_rank, p, backend=b, args=(machine, fast), timeout=timeout)
+            add_launch(probes, b, p, got[0])
+    probes.backends = [next(x for x in probes.backends if x.name == b) for b in backends]
     return probes
+
+
+def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> None:
+    """Add one launch's samples (``probe_rank``'s, on ``world_size`` ranks) to ``probes``.
+
+    Samples of the same term from several launches are pooled.
+
+    Args:
+        probes: the ``Probes`` being filled (changed in place).
+        backend: the launch's backend.
+        world_size: its ranks.
+        result: rank 0's ``probe_rank`` result.
+    """
+    bp = next((x for x in probes.backends if x.name == backend), None)
+    if bp is None:
+        bp = BackendProbes(backend, backend)
+        probes.backends.append(bp)
+    p, r = world_size, result
+    for op, samples in r["tiny"].items():
+        bp.tiny[(op, p)] = [*bp.tiny.get((op, p), []), *samples]
+    for op, (with_op, without) in r["between"].items():
+        old = bp.between.get((op, p), ([], []))
+        bp.between[(op, p)] = ([*old[0], *with_op], [*old[1], *without])
+    bp.chunk_bytes[p] = r["chunk_bytes"]
+    if "p2p" in r:
+        bp.p2p = _pooled(bp.p2p, r["p2p"])
+        before = {n: (both, one) for n, both, one in bp.exchange}
+        bp.exchange = [
+            (n, [*before.get(n, ([], []))[0], *both], [*before.get(n, ([], []))[1], *one])
+            for n, both, one in r["exchange"]
+        ]
+    if "machine" in r:
+        m = r["machine"]
+        for kind, table in (("copy", probes.copy), ("add", probes.add)):
+            for q, pick_ in ((1, 0), (p, 1)):
+                table[q] = _pooled(table.get(q, []), [(n, v[pick_]) for n, v in m[kind].items()])
+        old = probes.compute_share.get(p, ([], []))
+        probes.compute_share[p] = ([*old[0], *m["compute"][0]], [*old[1], *m["compute"][1]])
+        # one rank alone, every launch's samples: the machine's own drift (p = 1)
+        alone = [*probes.compute_share.get(1, ([], []))[0], *m["compute"][0]]
+        probes.compute_share[1] = (alone, alone)
+
+
+def _pooled(rows: list, more: list) -> list:
+    """``(size, samples)`` rows with the samples of ``more`` added size by size."""
+    have = {n: list(s) for n, s in rows}
+    for n, s in more:
+        have[n] = [*have.get(n, []), *s]
+    return sorted(have.items())
 
 
 def calibrate(
