@@ -92,3 +92,10 @@ def test_duplex_is_at_least_one():
     probes = make_probes()
     probes.backends[0].exchange = [(MB, [1e-3], [2e-3])]  # faster both ways than one way
     assert machine_from_probes(probes).backend("gloo").duplex == 1.0
+
+
+def test_a_ping_pong_that_does_not_grow_still_gives_a_line():
+    probes = make_probes()
+    probes.backends[0].p2p = [(8, [2e-3]), (MB, [1e-3])]  # a busy moment at the small size
+    b = machine_from_probes(probes).backend("gloo")
+    assert b.alpha == 2e-3 and b.beta == pytest.approx(1e-3 / MB)

@@ -113,8 +113,13 @@ def _rates(table: Mapping[int, list[tuple[int, Samples]]], stat: str) -> dict:
 def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
     alpha, beta = 0.0, 0.0
     if probe.p2p:  # the line through the fastest samples, whatever ``stat`` (notebook 01)
-        net = fit([n for n, _ in probe.p2p], [min(s) for _, s in probe.p2p])
-        alpha, beta = net.alpha, net.beta
+        sizes, times = [n for n, _ in probe.p2p], [min(s) for _, s in probe.p2p]
+        try:
+            net = fit(sizes, times)
+            alpha, beta = net.alpha, net.beta
+        except ValueError:  # a load spike hid the growth: α of the smallest, β of the largest
+            alpha = times[sizes.index(min(sizes))]
+            beta = times[sizes.index(max(sizes))] / max(sizes)
     duplex = 1.0
     if probe.exchange:
         n, both, one = max(probe.exchange, key=lambda e: e[0])
