@@ -96,8 +96,10 @@ def report(rounds: list[dict], args, load: list[float]) -> str:
         "",
         "Predicted / measured step in ms and measured / predicted, per round:",
         "",
-        "| ranks | strategy | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |",
-        "|---|---|" + "---|" * len(rounds),
+        "| ranks | strategy | "
+        + " | ".join(f"round {i + 1}" for i in range(len(rounds)))
+        + " | measured, last round / first |",
+        "|---|---|" + "---|" * (len(rounds) + 1),
     ]
     within, total, ranking = 0, 0, []
     for p in (2, 4):
@@ -109,7 +111,8 @@ def report(rounds: list[dict], args, load: list[float]) -> str:
                 total += 1
                 within += 1 / RATIO <= ratio <= RATIO
                 cells.append(f"{pred * 1e3:.1f} / {meas * 1e3:.1f} ({ratio:.2f})")
-            lines.append(f"| {p} | {name} | " + " | ".join(cells) + " |")
+            drift = rounds[-1]["rows"][(p, name)][1] / rounds[0]["rows"][(p, name)][1]
+            lines.append(f"| {p} | {name} | " + " | ".join(cells) + f" | {drift:.2f} |")
         for i, r in enumerate(rounds):
             rows = {n: v for (q, n), v in r["rows"].items() if q == p}
             first = min(rows, key=lambda n: rows[n][0])
