@@ -168,7 +168,7 @@ def step_time(
     else:
         compute, bubble = m * (fwd[0] + bwd[0]), 0.0
         reasons.append(f"{m} × (forward + backward) = {compute * 1e3:.3g} ms")
-    dp_s = _dp_comm(w, machine, backend, price, stages, zero, dp, tp, bwd[-1] / max(1, m))
+    dp_s = _dp_comm(w, machine, backend, price, stages, zero, dims, max(bwd))
     clip = price("all_reduce", 4, dims.world_size)
     opt, overhead = _optimizer(w, stages, zero, dp, tp) * share, w.step_overhead_s * share
     comm = {"dp": dp_s, "tp": tp_s, "zero3": gathers, "clip": clip}
@@ -182,8 +182,10 @@ def step_time(
     return StepTime(compute, bubble, comm, opt, overhead, [r for r in reasons if r])
 
 
-def _dp_comm(w, machine, backend, price, stages, zero, dp, tp, last_bwd) -> float:
-    """Seconds of dp communication after (or, where it can overlap, beside) backward."""
+def _dp_comm(w, machine, backend, price, stages, zero, dims, last_bwd) -> float:
+    """Seconds of dp communication after (or, where it can overlap, beside) the last
+    micro-batch's backward (``last_bwd``)."""
+    dp, tp = dims.dp, dims.tp
     if dp <= 1:
         return 0.0
     eb, worst = w.element_bytes, 0.0
@@ -191,7 +193,7 @@ def _dp_comm(w, machine, backend, price, stages, zero, dp, tp, last_bwd) -> floa
         if zero == 0:
             sizes = w.buckets(layers, tp)
             total = sum(price("all_reduce", n, dp) for n in sizes)
-            if _overlap(machine, backend, dp) and len(sizes) > 1:  # all but the last hidden
+            if _overlap(machine, backend, dims.world_size) and len(sizes) > 1:  # hidden
                 total = max(total - last_bwd, price("all_reduce", sizes[-1], dp))
         else:
             frac = w.local_numel(layers, tp) / max(1, w.local_numel(layers))

@@ -181,3 +181,19 @@ def test_workload_of_a_real_tinygpt_and_its_flop_twin():
     assert twin.numel == work.numel and twin.layers[1].tp_split == block.tp_split
     assert [layer.units for layer in twin.layers] == [layer.units for layer in work.layers]
     assert math.isclose(twin.layers[1].forward[1], (24 * h * h + 4 * T * h) / 1e9)
+
+
+def test_buckets_overlap_backward_where_a_network_carries_them():
+    from labkit.costmodel import Network, predict
+
+    net = Network(latency_us=100.0, bandwidth_gbps=1.0, name="net")
+    gpu = MachineModel.from_network(net)
+    small = Workload(WORK.layers, 8, 10, bucket_cap_bytes=100)  # buckets of 92, 80, 56 bytes
+    t = step_time(small, gpu, "net", ParallelDims(2, 1, 1))
+    all_reduces = [predict("all_reduce", n, 2, net) for n in (92, 80, 56)]
+    backward = sum(layer.time_s(40)[1] for layer in WORK.layers)  # 40 tokens per rank
+    # all but the last bucket hide behind the backward (Li et al. 2020, §3.2.3)
+    assert math.isclose(t.comm["dp"], max(sum(all_reduces) - backward, all_reduces[-1]))
+    two_cores = MachineModel(cores=2, compute_share={2: 1.0}, backends={"gloo": NET})
+    on_cpu = step_time(small, two_cores, "gloo", ParallelDims(2, 1, 1))  # no core to spare
+    assert math.isclose(on_cpu.comm["dp"], 3 * 1e-3)
