@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -227,11 +228,17 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     return out
 
 
+def _probe_then(rank: int, world_size: int, machine: bool, fast: bool, then: Callable | None):
+    return probe_rank(rank, world_size, machine, fast), then(rank, world_size) if then else None
+
+
 def measure_probes(
     backends: Sequence[str] = KINDS,
     world_sizes: Sequence[int] = (2, 4),
     fast: bool = True,
     timeout: float = 300.0,
+    then: Callable[[int, int], Any] | None = None,
+    results: dict | None = None,
 ) -> Probes:
     """Run the microbenchmarks: one launch per backend and world size (rank 0's samples).
 
@@ -240,6 +247,10 @@ def measure_probes(
         world_sizes: ranks to calibrate (2 is always measured: the ping-pong needs it).
         fast: fewer samples (seconds in all).
         timeout: seconds per launch.
+        then: ``then(rank, world_size)`` runs on every rank of each launch right after the
+            probes (e.g. the measurements the model will be compared with, taken seconds
+            after its inputs on a machine whose load drifts).
+        results: where ``then``'s rank-0 results go, by ``(backend, world_size)``.
 
     Returns:
         The raw ``Probes``.
@@ -255,9 +266,11 @@ def measure_probes(
     probes = Probes(cores=_cores())
     for b in order:
         for p in sizes:
-            machine = b == MACHINE_BACKEND
-            got = launch(probe_rank, p, backend=b, args=(machine, fast), timeout=timeout)
-            add_launch(probes, b, p, got[0])
+            args = (b == MACHINE_BACKEND, fast, then if b in backends else None)
+            probe, after = launch(_probe_then, p, backend=b, args=args, timeout=timeout)[0]
+            add_launch(probes, b, p, probe)
+            if results is not None and then is not None and b in backends:
+                results[(b, p)] = after
     probes.backends = [next(x for x in probes.backends if x.name == b) for b in backends]
     return probes
 
@@ -316,6 +329,8 @@ def calibrate(
     world_sizes: Sequence[int] = (2, 4),
     fast: bool = True,
     stat: str = "min",
+    then: Callable[[int, int], Any] | None = None,
+    results: dict | None = None,
 ) -> tuple[MachineModel, Probes]:
     """Measure this machine and return its calibrated model (and the raw samples).
 
@@ -324,9 +339,10 @@ def calibrate(
         world_sizes: ranks to calibrate.
         fast: fewer samples (a few seconds in all).
         stat: ``"min"`` (the machine at its best) or ``"median"`` (a typical call).
+        then, results: as ``measure_probes`` (run right after the probes in each launch).
 
     Returns:
         ``(MachineModel, Probes)``.
     """
-    probes = measure_probes(backends, world_sizes, fast)
+    probes = measure_probes(backends, world_sizes, fast, then=then, results=results)
     return machine_from_probes(probes, stat, name="calibrated"), probes
