@@ -9,7 +9,7 @@ for 2 and then 4 ranks,
 
 1. calibration: ``lk.bench.calibrate`` (fast, medians: a training step pays typical calls,
    not the best ones) and ``lk.bench.capstone_workload`` (TinyGPT's layers, Adam and one
-   single-process step timed on one thread): notebook 17's calibration;
+   single-process step timed on one thread): notebook 21's calibration;
 2. every strategy the capstone runs on that many ranks (DP, ZeRO-1/2/3,
    FSDP2, PP, TP; on 4 ranks also DP×TP, FSDP2×TP and DP×PP; dp×pp×tp needs 8 ranks), each
    trained ``--steps`` steps in one launch (``lk.capstone.run_jobs``), its median step after

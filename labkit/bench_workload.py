@@ -1,6 +1,6 @@
 """Time a model's own layers and its optimizer: the compute side of the step-time model.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 A planner that prices compute with a matrix product's peak FLOP/s misses a small model by
 an order of magnitude: its layers are short kernels with Python between them. Here every
@@ -263,7 +263,7 @@ def workload_from_model(
 
 
 def capstone_workload(config, reps: int = 5) -> Workload:
-    """The ``Workload`` of notebook 17's TinyGPT run (``lk.capstone.RunConfig``), calibrated.
+    """The ``Workload`` of notebook 21's TinyGPT run (``lk.capstone.RunConfig``), calibrated.
 
     Times TinyGPT's embedding, blocks and head (with the loss) at one sequence and at the
     whole batch, Adam, and one whole step of the capstone's recipe on one process (forward,

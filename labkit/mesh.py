@@ -1,6 +1,6 @@
 """Device meshes: the rank grid of ``ParallelDims`` as a ``DeviceMesh``, its groups, data shares.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb.
+Introduced in notebooks/18_hybrid_parallel.ipynb.
 
 ``ParallelDims(dp, pp, tp)`` (``labkit.parallel.dims``, re-exported here) names how the
 ranks are shared among data, pipeline and tensor parallelism and lays them out: a row-major

@@ -1,6 +1,6 @@
 """The time of one 1F1B pipeline step, by playing the schedule through: stages, hops, bubble.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 The bubble formula (p − 1)/(m + p − 1) (GPipe, Huang et al. 2019, §2.3) assumes equal stages
 and free hops. Real stages differ (TinyGPT's first stage holds the embedding, its last the

@@ -1,6 +1,6 @@
 """The step time of a strategy as labkit's implementations run it, on a calibrated machine.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 ``step_time`` prices one optimizer step of a ``Workload`` under (dp, pp, tp, ZeRO stage or
 FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what the code does:
@@ -220,7 +220,7 @@ def collective_counts(
     """The calls one rank of the busiest stage makes in one step, as ``step_time`` prices them.
 
     What labkit's implementations issue (this module's docstring), so a recording backend can
-    check the model (notebook 17 counts FSDP2's; tests/test_plan_counts.py every strategy):
+    check the model (notebook 21 counts FSDP2's; tests/test_plan_counts.py every strategy):
     ``"all_reduce"`` (tp's per layer, DDP's per bucket, the clipping's one), ``"all_gather"``
     and ``"reduce_scatter"`` (ZeRO and FSDP2, per unit), ``"send"`` and ``"recv"``
     (activations forward and gradients backward between stages).

@@ -1,6 +1,6 @@
 """What the step-time model needs to know about a model: its layers, their units and their cost.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 A ``Workload`` describes one training step of a layered model (an ``nn.Sequential`` such as
 TinyGPT) as pure numbers, so ``labkit.plan_time`` prices every strategy without a process:

@@ -7,7 +7,10 @@
   DP×PP and FSDP2×TP on an MLP stack, plain SGD, each equal to one process's parameters and
   each axis's collectives per step counted against the formulas;
 - one 2-rank launch: gradient accumulation over 4 micro-batches under DDP, ZeRO-1/2/3 and
-  FSDP2 (Adam), equal to one process, with one data-parallel reduction per optimizer step.
+  FSDP2 (Adam), equal to one process, with one data-parallel reduction per optimizer step;
+- one 4-rank launch: ``parallelize(..., sp=True)`` (``apply_sp``) on two transformer blocks,
+  DP×SP with labkit's layers and DDP, and SP with DTensor's plan on 4 tp ranks, equal to one
+  process after two SGD steps, with every all-gather, reduce-scatter and all-reduce counted.
 
 The capstone's strategies (TinyGPT, the whole recipe, DCP resume) are in tests/test_capstone.py.
 """
@@ -76,6 +79,8 @@ def test_parallelize_refuses_what_does_not_compose() -> None:
         (ParallelDims(tp=2, dp=1), {}, "needs a tp_plan"),
         (ParallelDims(pp=2, dp=1), {}, "needs an example"),
         (ParallelDims(dp=2), {"dp": "zero4"}, "dp flavour must be one of"),
+        (ParallelDims(pp=2, tp=2, dp=1), {"sp": True, "example": torch.zeros(1)}, "× PP"),
+        (ParallelDims(dp=2, tp=2), {"dp": "fsdp", "tp_style": "dtensor", "sp": True}, "FSDP2 ×"),
     ]
     for dims, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -248,3 +253,86 @@ def test_accumulation_reduces_once_per_step_under_every_dp_flavour() -> None:
             for n, p in model.named_parameters():  # Adam: near-zero gradients move by ~lr
                 torch.testing.assert_close(full[n], p.detach(), rtol=0, atol=ADAM_LR / 10)
             assert all(dict(s) == want[flavour] for s in steps), (flavour, rank, steps)
+
+
+# --- sequence parallelism on the tp axis: apply_sp ------------------------------------------
+
+SEQ, HEADS, SP_BLOCKS = 8, 4, 2  # tokens, heads; transformer blocks of width 16
+SP_H = 16
+SP_CASES = {  # labkit's layers under DDP, and DTensor's plan on 4 tp ranks
+    "dp_sp": (ParallelDims(dp=2, tp=2), {}),
+    "sp_dtensor": (ParallelDims(dp=1, tp=4), {"tp_style": "dtensor"}),
+}
+
+
+def _sp_model() -> nn.Sequential:
+    from labkit.models import TransformerBlock
+
+    return nn.Sequential(
+        *[TransformerBlock(SP_H, HEADS, hidden=2 * SP_H, seed=20 + i) for i in range(SP_BLOCKS)]
+    )
+
+
+def _sp_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(13)
+    return torch.randn(4, SEQ, SP_H, generator=g), torch.randn(4, SEQ, SP_H, generator=g)
+
+
+def _sp_rank(rank, world_size):
+    recording = lk.backends.recording
+    out = {}
+    for name, (dims, kwargs) in SP_CASES.items():
+        mesh = lk.mesh.build_mesh(dims)
+        parts = compose.parallelize(_sp_model(), dims, mesh, sp=True, **kwargs)
+        axis_of = {tuple(g): a for a in dims.mesh_axes for g in dims.group_ranks(a)}
+        x, y = _sp_data()
+        steps = []
+        for _ in range(2):
+            recording.clear()
+            compose.train_sgd(parts, x, y, F.mse_loss, 1, LR)
+            steps.append(
+                collections.Counter(
+                    (
+                        axis_of[tuple(sorted(r.participants))],
+                        r.op.removesuffix("_coalesced"),
+                        r.n_bytes,
+                    )
+                    for r in recording.records()
+                )  # fmt: skip
+            )
+        out[name] = (compose.full_parameters(parts), steps, parts.chain)
+    return out
+
+
+def test_apply_sp_equals_one_process_with_its_collectives_counted() -> None:
+    model, (x, y) = _sp_model(), _sp_data()
+    for _ in range(2):
+        F.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+                p.grad = None
+    out = lk.launch(_sp_rank, 4, lk.backends.recording.spec("gloo"), device="cpu", timeout=240)
+    f, n = 4, SP_BLOCKS
+    for rank, per_rank in enumerate(out):
+        for name, (full, steps, chain) in per_rank.items():
+            for k, p in model.named_parameters():
+                torch.testing.assert_close(full[k], p.detach(), **TOL, msg=f"{name} {rank} {k}")
+            assert chain[0].startswith("apply_sp(model"), chain
+            dims = SP_CASES[name][0]
+            act = len(x) // dims.dp * SEQ * SP_H * f  # b·s·h of one dp replica
+            sp_ops = lk.costmodel.sequence_parallel_collectives(n, regather=name == "dp_sp")
+            # the input needs no gradient: entering the region costs nothing; leaving it
+            # all-gathers the last block's output in forward
+            ag = sp_ops["forward"]["all_gather"] + 1 + sp_ops["backward"]["all_gather"]
+            rs = sp_ops["forward"]["reduce_scatter"] + sp_ops["backward"]["reduce_scatter"]
+            want = {("tp", "all_gather_into_tensor", act): ag,
+                    ("tp", "reduce_scatter_tensor", act): rs}  # fmt: skip
+            if name == "dp_sp":  # one coalesced tp all-reduce of 6h per block, one DDP bucket
+                h = SP_H  # per block: 8h² + 5h split over tp=2, 6h whole (LayerNorms, biases)
+                local = n * ((8 * h * h + 5 * h) // 2 + 6 * h)
+                want |= {("tp", "all_reduce", 6 * SP_H * n * f): 1,
+                         ("dp", "all_reduce", local * f): 1}  # fmt: skip
+            else:  # DTensor: each LayerNorm weight and bias all-reduced (Partial → Replicate)
+                want |= {("tp", "all_reduce", SP_H * f): 4 * n}
+            assert all(dict(s) == want for s in steps), (name, rank, steps, want)

@@ -1,6 +1,6 @@
 """The capstone: train a TinyGPT with the strategy a learner picks, and measure it.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 ``strategy`` names the parallel degrees (``Strategy``, no torch); ``gpt`` turns one into the
 chain of ``labkit.parallel.compose`` calls for a TinyGPT (``parallelize_gpt``); ``config``

@@ -1,11 +1,11 @@
 """A capstone run's sizes and training recipe, its model, its batches and its learning rates.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 The recipe is the course's (notebook 09): micro-batches with one reduction per step (the
 strategy's ``microbatches``), bf16 autocast, clipping of the global gradient norm after the
 reduction, a warmup to the square-root-scaled rate of Adam (Malladi et al. 2022) and a cosine
-decay (``lk.optim.linear_scaling_warmup``); and notebook 15's DCP checkpoint mid-run.
+decay (``lk.optim.linear_scaling_warmup``); and notebook 19's DCP checkpoint mid-run.
 Every rank draws the same global batch for step k (a generator seeded by the seed and k), so
 a run on any strategy and the one-process reference see the same tokens.
 """

@@ -1,6 +1,6 @@
 """TinyGPT under a strategy: its loss, its pipeline stages, its tensor-parallel plan, composed.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 What is model-specific lives here, as torchtitan keeps ``models/llama3/infra/parallelize.py``
 apart from ``distributed/``: where a TinyGPT is cut into stages (``gpt_stages``: Megatron's

@@ -1,6 +1,6 @@
 """Launch capstone runs from a notebook: one strategy, or several in one launch.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 The ranks follow the device rule (``labkit.launcher.device_rule``): ``cuda:<rank>`` with NCCL
 when every rank has a GPU, the CPU with gloo otherwise. Every piece the capstone composes

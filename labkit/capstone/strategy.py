@@ -1,6 +1,6 @@
 """A training strategy as data: the parallel degrees and the sharding, validated with arithmetic.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 No torch: a ``Strategy`` is checked, named and compared with the planner's plans without
 starting a process. Its ranks are laid out by ``labkit.parallel.dims.ParallelDims``

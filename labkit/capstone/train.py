@@ -1,10 +1,10 @@
 """The capstone's training loop on every rank, and the same recipe on one process.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
 Each rank builds the whole TinyGPT (seeded), composes its share with
 ``labkit.parallel.compose`` (``parallelize_gpt``), and runs the course's loop, one
-``train_step`` per optimizer step (notebook 17 prints it): its dp slice of the global batch in
+``train_step`` per optimizer step (notebook 21 prints it): its dp slice of the global batch in
 ``microbatches`` with one gradient reduction (``forward_backward``), bf16 autocast if asked,
 the global gradient norm clipped after the reduction (``clip_grad_norm_``), Adam, the warmup +
 cosine schedule; a DCP checkpoint after ``ckpt_at`` steps, and with ``resume`` a start from

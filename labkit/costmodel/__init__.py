@@ -16,7 +16,9 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 (``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
-sizes); and the model calibrated on a machine: ``recipes`` (what each backend's
+sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
+notebooks 15 and 16), ``moe`` (expert capacity and the all-to-all bytes of expert
+parallelism); and the model calibrated on a machine: ``recipes`` (what each backend's
 implementation does per call), ``machine`` (``MachineModel``, ``predict_collective``),
 ``calibrate`` (from microbenchmark samples to a ``MachineModel``; ``lk.bench.calibrate``
 measures them). Nothing here imports torch.
@@ -41,6 +43,7 @@ from labkit.costmodel.machine import (
     collective_terms,
     predict_collective,
 )
+from labkit.costmodel.moe import expert_capacity, moe_all_to_all_bytes, uniform_tokens_sent
 from labkit.costmodel.network import PRESETS, Network, fit
 from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
 from labkit.costmodel.predict import (
@@ -49,6 +52,11 @@ from labkit.costmodel.predict import (
     predict,
     predict_all,
     what_if,
+)
+from labkit.costmodel.ring_attention import RingTraffic, ring_attention_traffic
+from labkit.costmodel.sequence_parallel import (
+    sequence_parallel_collectives,
+    tensor_parallel_collectives,
 )
 
 __all__ = [
@@ -59,6 +67,7 @@ __all__ = [
     "LABELS",
     "MachineModel",
     "PRESETS",
+    "RingTraffic",
     "SEGMENTED",
     "CostTerms",
     "Network",
@@ -71,11 +80,17 @@ __all__ = [
     "collective_terms",
     "cost_terms",
     "crossover_bytes",
+    "expert_capacity",
     "fit",
+    "moe_all_to_all_bytes",
     "pipelined_tree_terms",
     "powersgd_numel",
     "predict",
     "predict_all",
     "predict_collective",
+    "ring_attention_traffic",
+    "sequence_parallel_collectives",
+    "tensor_parallel_collectives",
+    "uniform_tokens_sent",
     "what_if",
 ]

@@ -1,216 +1,160 @@
-"""Exercises of notebooks/16_performance_tuning.ipynb.
+"""Exercises of notebooks/16_context_parallel.ipynb.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/16_context_parallel.ipynb.
 
-``16_exposed_comm``: read a data-parallel step from its per-rank spans (``lk.trace.Span``:
-rank, kind ``"compute"`` or ``"comm"``, start and end in ns on one clock, as
-``lk.profile.trace_spans`` makes them from each rank's profiler trace). Return each rank's
-**exposed communication** — the time it communicates while it does not compute: the union of
-its comm spans minus the part that its own compute spans cover — and the **straggler**, the
-rank that computed longest. In a synchronous step every collective ends only when the last
-rank joins it, so the other ranks' exposed communication includes waiting for the straggler,
-which has the least of it. Holistic Trace Analysis (Meta's trace analyser for PyTorch
-profiles) reports the same split per rank ("comm-comp overlap", and its temporal breakdown
-of idle, compute and non-compute time).
-
-The checker is pure arithmetic on hand-made steps chosen so that the usual mistakes give
-different numbers: overlapped communication counted as exposed, two collectives in flight at
-once (on a backend's threads) counted twice, nested compute spans subtracted twice, another
-rank's compute taken to hide this rank's communication, nanoseconds returned as
-milliseconds, and the rank that waits longest taken for the straggler. Its answers are
-``lk.trace.Timeline``'s (``comm_s - overlap_s`` per rank); the notebook also runs the
-function on its own profiled DDP step and compares with ``lk.profile.comm_compute``.
+``16_online_softmax``: the merge at the heart of ring attention (Milakov and Gimelshein 2018;
+FlashAttention, Dao et al. 2022, §3.1). Attention of some queries over one block of keys gives
+the block's normalised output ``o_i`` and the log of its normaliser ``ℓ_i = log Σ exp(s)``; two
+blocks merge exactly into ``ℓ = log(exp ℓ_1 + exp ℓ_2)`` and
+``o = exp(ℓ_1 − ℓ)·o_1 + exp(ℓ_2 − ℓ)·o_2``. The checker (one process, no ranks) cuts the keys
+into blocks of random sizes, folds them with the learner's merge in several random orders, and
+compares with softmax attention over all keys in float64 — once with ordinary scores, once with
+scores in the hundreds, where ``exp(ℓ)`` overflows float32.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from labkit.exercises import ExerciseFailed, exercise
-from labkit.trace import COMM, COMPUTE, Span, Timeline
+from labkit.parallel.context import attention_block, merge_blocks
 
-PROMPT = """Write `my_exposed_comm(spans)`: `spans` holds one step's spans of every rank
-(`lk.trace.Span` with `.rank`, `.kind` "compute" or "comm", `.start_ns`, `.end_ns`; any
-order; spans of one kind may overlap). Return `(exposed_ms, straggler)`: `exposed_ms[r]` is
-the milliseconds in which rank r communicates and does not compute (the union of its comm
-spans minus what its own compute spans cover), and `straggler` the rank with the most compute
-time (the union of its compute spans)."""
+B, A, Q, K, D = 2, 2, 8, 40, 4  # batch, heads, queries, keys, head dim
+N_BLOCKS = 5  # key blocks per fold, of random sizes
+N_ORDERS = 3  # random orders per scale
+SCALES = {"ordinary": None, "large": 200.0}  # the largest |score|; None: as drawn (about 3)
+RTOL, ATOL = 1e-4, 2e-4  # float32 blocks against float64; scores of 200 carry ~1e-5 error
+LSE_ATOL = 1e-3
 
-REL_TOL = 1e-9
-
-# Each case: per rank, (kind, start_ms, end_ms) spans. Ranks compute different amounts, so
-# the straggler is unambiguous; every case has overlap of some kind.
-CASES: tuple[tuple[tuple[tuple[str, float, float], ...], ...], ...] = (
-    (  # bucketed DDP: one bucket's all-reduce under backward, one after it
-        (("compute", 0, 10), ("compute", 10, 20), ("comm", 12, 18), ("comm", 20, 24)),
-        (("compute", 0, 12), ("compute", 12, 23), ("comm", 14, 19), ("comm", 23, 24)),
-    ),
-    (  # two all-reduces in flight at once on gloo's threads, partly under compute
-        (("compute", 0, 12), ("comm", 5, 15), ("comm", 8, 20)),
-        (("compute", 0, 18), ("comm", 18, 20)),
-    ),
-    (  # nested compute (an op inside "backward"); rank 1 waits under rank 2's compute
-        (("compute", 0, 10), ("compute", 7, 10), ("comm", 8, 14)),
-        (("compute", 0, 4), ("comm", 4, 14)),
-        (("compute", 0, 13), ("comm", 13, 14)),
-    ),
-    (  # a fully hidden all-reduce, a rank that never communicates, a clock far from zero
-        (("compute", 1e6, 1e6 + 9), ("comm", 1e6 + 2, 1e6 + 5)),
-        (("compute", 1e6, 1e6 + 30),),
-        (
-            ("compute", 1e6 + 1, 1e6 + 7.5),
-            ("comm", 1e6 + 7.5, 1e6 + 30),
-            ("comm", 1e6 + 9, 1e6 + 12),
-        ),
-    ),
-)
+PROMPT = """Write `my_merge(out1, lse1, out2, lse2)`: the outputs (B, A, q, D) and log-normalisers
+(B, A, q) of attention over two disjoint blocks of keys (each output normalised within its
+block) → the output and log-normaliser over both, as a tuple (out, lse). lse is
+log(exp(lse1) + exp(lse2)) — compute it without overflow (torch.logaddexp) — and each block's
+output is weighted by its share of the whole normaliser, exp(lse_i − lse)."""
 
 
-def exposed_comm(spans: Sequence[Span]) -> tuple[list[float], int]:
-    """Each rank's exposed communication (ms) and the rank that computed longest.
-
-    Reference solution of exercise ``16_exposed_comm``: ``lk.trace.Timeline``'s per-rank
-    summary, ``comm_s - overlap_s``.
+def reference_merge(
+    out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two blocks' (out, lse): the online softmax (reference of ``16_online_softmax``).
 
     Args:
-        spans: one step's spans of ranks 0..p-1, on one clock.
+        out1, out2: (B, A, q, D), each normalised within its block of keys.
+        lse1, lse2: (B, A, q), the log of each block's softmax normaliser.
 
     Returns:
-        ``(exposed_ms, straggler)``: a list indexed by rank, and a rank.
-
-    Raises:
-        ValueError: no spans.
+        tuple: (out, lse) over both blocks.
     """
-    if not spans:
-        raise ValueError("exposed_comm needs the spans of at least one rank")
-    p = 1 + max(s.rank for s in spans)
-    summary = Timeline.merge([[s for s in spans if s.rank == r] for r in range(p)]).summary()
-    exposed = [1e3 * (row.comm_s - row.overlap_s) for row in summary]
-    straggler = max(range(p), key=lambda r: summary[r].compute_s)
-    return exposed, straggler
+    return merge_blocks(out1, lse1, out2, lse2)
 
 
-def case_spans(case: Sequence[Sequence[tuple[str, float, float]]], seed: int = 0) -> list[Span]:
-    """A hand-made case as spans (ms → ns), shuffled: the answer must not rely on order.
-
-    Args:
-        case: per rank, ``(kind, start_ms, end_ms)`` triples.
-        seed: the shuffle's seed.
-
-    Returns:
-        list[Span]: every rank's spans in one list.
-    """
-    spans = [
-        Span(kind, COMM if kind == "comm" else COMPUTE, round(a * 1e6), round(b * 1e6), rank)
-        for rank, triples in enumerate(case)
-        for kind, a, b in triples
-    ]
-    random.Random(seed).shuffle(spans)
-    return spans
+def _data(scale: float | None, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, A, n, D, generator=g) for n in (Q, K, K))
+    if scale is not None:  # stretch the scores so that the largest |score| is `scale`
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        q = q * (scale / scores.abs().max())
+    return q, k, v
 
 
-def _union_ms(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        total += max(0.0, b - max(a, end))
-        end = max(end, b)
-    return total
+def _blocks(q, k, v, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Cut the keys into N_BLOCKS random sizes; each block's (out, lse), float32."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = sorted(torch.randperm(K - 1, generator=g)[: N_BLOCKS - 1].add(1).tolist())
+    bounds = list(zip([0, *cuts], [*cuts, K], strict=True))
+    return [attention_block(q, k[:, :, i:j], v[:, :, i:j], D**-0.5) for i, j in bounds]
 
 
-def _exposed_ms(comm: list[tuple[float, float]], comp: list[tuple[float, float]]) -> float:
-    """Length of the union of ``comm`` that the union of ``comp`` does not cover."""
-    return _union_ms(comm + comp) - _union_ms(comp)
+def _want(q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax attention over every key, and its log-normaliser, in float64."""
+    s = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(D)
+    return s.softmax(-1) @ v.double(), s.logsumexp(-1)
 
 
-def _hint(case: Sequence[Sequence[tuple[str, float, float]]], r: int, got: float) -> str:
-    """Name the known mistake that gives ``got`` for rank ``r`` of ``case``."""
-    comm = [(a, b) for k, a, b in case[r] if k == "comm"]
-    comp = [(a, b) for k, a, b in case[r] if k != "comm"]
-    everyone = [(a, b) for spans in case for k, a, b in spans if k != "comm"]
-    exposed, total = _exposed_ms(comm, comp), _union_ms(comm)
-    known = [
-        (total, "that is all of its communication: subtract what its compute covers"),
-        (
-            sum(_exposed_ms([c], comp) for c in comm),
-            "two of its comm spans overlap each other: take the union of the comm spans first",
-        ),
-        (
-            total - sum(total - _exposed_ms(comm, [c]) for c in comp),
-            "two of its compute spans overlap (one nested in another): take the union of the "
-            "compute spans before subtracting",
-        ),
-        (
-            _exposed_ms(comm, everyone),
-            "another rank's compute does not hide this rank's communication: use rank r's "
-            "own compute spans only",
-        ),
-        (1e6 * exposed, "the spans are in nanoseconds: return milliseconds"),
-    ]
-    for value, words in known:
-        if math.isclose(got, value, rel_tol=REL_TOL, abs_tol=1e-12):
-            return words
-    return "the union of its comm spans, minus the part its own compute spans cover"
+def _fold(merge: Callable, blocks, order) -> tuple[Any, Any]:
+    out, lse = blocks[order[0]]
+    for j in order[1:]:
+        got = merge(out, lse, *blocks[j])
+        if not isinstance(got, tuple | list) or len(got) != 2:
+            raise ExerciseFailed("my_merge must return a tuple (out, lse)")
+        out, lse = got
+    return out, lse
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _close(got: Any, want: torch.Tensor, atol: float) -> bool:
+    return (
+        isinstance(got, torch.Tensor)
+        and got.shape == want.shape
+        and torch.allclose(got.double(), want.double(), rtol=RTOL, atol=atol)
+    )
 
 
-@exercise("16_exposed_comm", reference=exposed_comm, prompt=PROMPT)
-def check_exposed_comm(fn: Callable[..., Any]) -> dict[str, Any]:
-    """Check exposed communication per rank and the straggler on hand-made steps.
+def _average(o1, l1, o2, l2):  # every block weighted alike
+    return (o1 + o2) / 2, torch.logaddexp(l1, l2)
 
-    Args:
-        fn: the learner's ``fn(spans)``.
 
-    Returns:
-        ``{"cases": n, "answers": [...]}``: the expected answers checked.
+def _sum(o1, l1, o2, l2):  # no rescaling: the normalised outputs added
+    return o1 + o2, torch.logaddexp(l1, l2)
 
-    Raises:
-        ExerciseFailed: a wrong shape of answer, a rank's exposed time or the straggler
-            differs; the message gives the case, both answers and the likely mistake.
-        NotImplementedError: not attempted yet (``check`` then runs the reference).
-    """
-    answers = []
-    for i, case in enumerate(CASES):
-        spans = case_spans(case, seed=i)
-        want, slow = exposed_comm(spans)
-        try:
-            got = fn(list(spans))
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # a learner's bug: report it as a failed check
-            raise ExerciseFailed(f"my_exposed_comm raised {type(exc).__name__}: {exc}") from exc
-        where = f"case {i}: " + "; ".join(
-            f"rank {r} {list(triples)}" for r, triples in enumerate(case)
+
+def _diagnose(merge: Callable, blocks, order) -> str:
+    """Why a fold is wrong, from its first merge and the wrong merges learners write."""
+    (o1, l1), (o2, l2) = blocks[order[0]], blocks[order[1]]
+    out, lse = merge(o1.clone(), l1.clone(), o2.clone(), l2.clone())
+    if not (torch.isfinite(out).all() and torch.isfinite(lse).all()):
+        return (
+            "it returned inf or nan: exp of a log-normaliser in the hundreds overflows "
+            "float32 (beyond 88). Subtract the larger one first — torch.logaddexp does."
         )
-        if not (isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], Sequence)):
-            raise ExerciseFailed(f"return (exposed_ms, straggler), got {got!r}")
-        exposed, straggler = got
-        if not (isinstance(exposed, Sequence) and len(exposed) == len(want)):
-            raise ExerciseFailed(
-                f"exposed_ms must hold one number per rank ({len(want)}), got {exposed!r} — "
-                + where
-            )
-        for r, (g, w) in enumerate(zip(exposed, want, strict=True)):
-            if not (_number(g) and math.isclose(g, w, rel_tol=REL_TOL, abs_tol=1e-12)):
-                hint = _hint(case, r, g) if _number(g) else "return a number of ms"
+    if _close(lse, torch.maximum(l1, l2), 1e-6) and not _close(lse, torch.logaddexp(l1, l2), 1e-6):
+        return ("lse is the max of the two; the merged normaliser is their sum: "
+                "lse = log(exp(lse1) + exp(lse2)) = torch.logaddexp(lse1, lse2).")  # fmt: skip
+    for wrong, why in ((_average, "it averages the outputs: each block must count by its share "
+                        "of the normaliser, exp(lse_i − lse), not by 1/2."),
+                       (_sum, "it adds the outputs without rescaling: each is normalised within "
+                        "its block; weight it by exp(lse_i − lse).")):  # fmt: skip
+        if _close(_fold(merge, blocks, order)[0], _fold(wrong, blocks, order)[0], 1e-6):
+            return why
+    if not _close(lse, torch.logaddexp(l1, l2), LSE_ATOL):
+        return "lse must be log(exp(lse1) + exp(lse2))."
+    return "weight each block's output by exp(lse_i − lse), with lse the merged one."
+
+
+@exercise("16_online_softmax", reference=reference_merge, prompt=PROMPT)
+def check_online_softmax(merge: Callable) -> dict[str, Any]:
+    """Fold random key blocks in random orders with ``merge``; compare with float64 softmax.
+
+    Args:
+        merge: the learner's ``my_merge(out1, lse1, out2, lse2) -> (out, lse)``.
+
+    Returns:
+        ``{"folds": n, "largest_lse": x}``: folds checked and the largest log-normaliser seen.
+
+    Raises:
+        ExerciseFailed: a fold's output or log-normaliser differs from the float64 reference
+            (with the likely mistake: averaging, no rescaling, max for logaddexp, overflow), or
+            the function does not return (out, lse).
+        NotImplementedError: the function is not written yet.
+    """
+    folds, largest = 0, 0.0
+    for n, (name, scale) in enumerate(SCALES.items()):
+        q, k, v = _data(scale, 160 + n)
+        blocks = _blocks(q, k, v, 170 + n)
+        want_out, want_lse = _want(q, k, v)
+        gens = [torch.Generator().manual_seed(180 + 10 * n + i) for i in range(N_ORDERS)]
+        orders = [torch.randperm(N_BLOCKS, generator=g).tolist() for g in gens]
+        for order in orders:
+            out, lse = _fold(merge, blocks, order)
+            if not (_close(out, want_out, ATOL) and _close(lse, want_lse, LSE_ATOL)):
                 raise ExerciseFailed(
-                    f"rank {r}'s exposed communication is {w:g} ms, got {g!r}: {hint} — {where}"
+                    f"with {name} scores (largest log-normaliser {want_lse.max():.1f}), blocks "
+                    f"folded in the order {order} differ from softmax over all keys: "
+                    + _diagnose(merge, blocks, order)
                 )
-        if straggler != slow or isinstance(straggler, bool):
-            waits = max(range(len(want)), key=want.__getitem__)
-            hint = (
-                " — that rank waits longest: it is the fastest, waiting for the slow one"
-                if straggler == waits
-                else ""
-            )
-            raise ExerciseFailed(
-                f"the straggler is rank {slow} (the most compute), got {straggler!r}{hint} — "
-                + where
-            )
-        answers.append({"exposed_ms": [round(x, 9) for x in want], "straggler": slow})
-    return {"cases": len(CASES), "answers": answers}
+            folds += 1
+        largest = max(largest, want_lse.max().item())
+    return {"folds": folds, "largest_lse": largest}

@@ -1,10 +1,10 @@
 """Parallel training techniques, one per module, each taking the process group it acts on.
 
 Introduced in notebooks/06_data_parallel.ipynb (``ddp``); later notebooks add ``async_sgd``,
-``model_split``, ``pipeline``, ``tensor``, ``zero``, ``dims`` (the dp × pp × tp rank
-grid) and ``compose`` (the ``apply_*`` chain that combines them, notebook 14). Import the
-submodule you need, e.g. ``from labkit.parallel import ddp`` or ``lk.parallel.ddp`` (loaded
-on first use).
+``model_split``, ``pipeline``, ``tensor``, ``sequence``, ``context``, ``zero``, ``dims`` (the
+dp × pp × tp rank grid), ``compose`` (the ``apply_*`` chain that combines them, notebook
+18) and ``moe`` (mixture of experts and expert parallelism). Import the submodule you need,
+e.g. ``from labkit.parallel import ddp`` or ``lk.parallel.ddp`` (loaded on first use).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = frozenset(
-    "accumulate async_sgd compose ddp dims model_split pipeline tensor zero".split()
+    "accumulate async_sgd compose context ddp dims model_split moe pipeline sequence tensor "
+    "zero".split()
 )
 
 

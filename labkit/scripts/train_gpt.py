@@ -1,6 +1,6 @@
 """TinyGPT on the character corpus under a strategy of the course, launched by torchrun.
 
-Introduced in notebooks/17_capstone.ipynb (the capstone as a script); it runs the labs of
+Introduced in notebooks/21_capstone.ipynb (the capstone as a script); it runs the labs of
 notebooks/11_pipeline_parallel.ipynb (``pp``), 12 (``tp``), 13 (``zero1``, ``zero2``,
 ``zero3``, ``fsdp``), 14 (``dp_tp``, ``fsdp_tp``, ``dp_pp``) and 17 (any of them, ``dp``
 and ``dp_pp_tp``).

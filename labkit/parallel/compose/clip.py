@@ -1,6 +1,6 @@
 """Gradient clipping after the reduction, for any composition: one global norm, every element once.
 
-Introduced in notebooks/17_capstone.ipynb (clipping under DDP is notebook 09's).
+Introduced in notebooks/21_capstone.ipynb (clipping under DDP is notebook 09's).
 
 ``torch.nn.utils.clip_grad_norm_`` on one process scales every gradient by
 ``min(1, max_norm / (‖g‖ + 1e-6))`` with ‖g‖ the 2-norm of all gradients together. Split

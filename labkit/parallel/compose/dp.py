@@ -1,6 +1,6 @@
 """The data-parallel flavours as verbs: ``apply_ddp``, ``apply_zero``, ``apply_fsdp``.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (the flavours are notebooks 07 and 13's).
+Introduced in notebooks/18_hybrid_parallel.ipynb (the flavours are notebooks 07 and 13's).
 
 Applied last (``labkit.parallel.compose``'s order), each acts on the dp axis only:
 

@@ -1,6 +1,6 @@
 """A composed model's parameters in full, and the bytes each rank holds, whatever the split.
 
-Introduced in notebooks/17_capstone.ipynb (comparing every strategy with one process, and the
+Introduced in notebooks/21_capstone.ipynb (comparing every strategy with one process, and the
 bytes per rank with the planner).
 
 Both read ``Parallelized.pieces``: a ZeRO shard is gathered by its stage

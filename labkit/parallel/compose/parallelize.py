@@ -1,13 +1,13 @@
 """``parallelize``: the one chain of ``apply_*`` calls, each gated by the degrees, in one order.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (the order and why: ``labkit.parallel.compose``).
+Introduced in notebooks/18_hybrid_parallel.ipynb (the order and why: ``labkit.parallel.compose``).
 
 torchtitan's ``parallelize_llama`` in miniature: ``if parallel_dims.tp_enabled: apply_tp(...)``,
 then activation checkpointing, then ``apply_fsdp`` or ``apply_ddp`` on the dp mesh, after
 ``pipeline_llama`` has cut the stage. The result, ``Parallelized``, is what a training loop
 needs whatever the strategy: the module to run, the ``Piece`` objects the optimizer updates (named
 as in the unsplit model), the object that reduces the gradients, and the chain of calls made
-(``chain``, printed by notebooks 14 and 17).
+(``chain``, printed by notebooks 18 and 21).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from labkit.parallel.compose.ac import apply_ac
 from labkit.parallel.compose.dp import apply_ddp, apply_fsdp, apply_zero
 from labkit.parallel.compose.pieces import Piece
 from labkit.parallel.compose.pp import PipelineStage, apply_pp
+from labkit.parallel.compose.sp import apply_sp, reduce_sp_gradients
 from labkit.parallel.compose.tp import TP_STYLES, apply_tp, tp_split
 from labkit.parallel.dims import ParallelDims
 from labkit.parallel.pipeline.split import split_sequential
@@ -52,6 +53,8 @@ class Parallelized:
         zero: the ZeRO stage when the dp flavour is ZeRO (it is the optimizer).
         pipeline: this rank's ``PipelineStage`` when pp > 1.
         optimizer_kwargs: Adam's arguments (given to ZeRO's Adam at construction).
+        sp_style: the tp style when sequence parallelism is on (its LayerNorms' gradients are
+            reduced over tp in ``reduce_gradients``); None: off.
     """
 
     dims: ParallelDims
@@ -63,6 +66,7 @@ class Parallelized:
     zero: ZeroBase | None = None
     pipeline: PipelineStage | None = None
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    sp_style: str | None = None
 
     @property
     def reducer(self) -> Any:
@@ -81,7 +85,10 @@ class Parallelized:
         return torch.optim.Adam(self.params, **self.optimizer_kwargs)
 
     def reduce_gradients(self) -> None:
-        """Finish the dp reduction before the gradients are read (ZeRO-1's reduce-scatter)."""
+        """Finish the reductions backward leaves: SP's LayerNorm gradients (tp), ZeRO-1's (dp)."""
+        if self.sp_style is not None:
+            tp = self.mesh["tp"] if self.sp_style == "dtensor" else axis_group(self.mesh, "tp")
+            reduce_sp_gradients(self.model, tp, self.sp_style)
         if self.zero is not None:
             self.zero.reduce_gradients()
 
@@ -118,7 +125,9 @@ class Parallelized:
             return float(loss_fn(self.module(x), y))
 
 
-def _check(dims: ParallelDims, dp: str, tp_plan: Any, tp_style: str, example: Any) -> None:
+def _check(
+    dims: ParallelDims, dp: str, tp_plan: Any, tp_style: str, example: Any, sp: bool
+) -> None:
     problems = []
     if dp not in DP_FLAVOURS:
         problems.append(f"dp flavour must be one of {DP_FLAVOURS}, got {dp!r}")
@@ -132,8 +141,12 @@ def _check(dims: ParallelDims, dp: str, tp_plan: Any, tp_style: str, example: An
         problems.append("FSDP2 composes with DTensor TP only: tp_style='dtensor'")
     if dims.dp_enabled and dims.tp_enabled and dp == "ddp" and tp_style == "dtensor":
         problems.append("labkit's DDP buckets plain tensors: use tp_style='megatron' with DDP")
-    if dims.tp_enabled and not tp_plan:
-        problems.append("tp > 1 needs a tp_plan")
+    if dims.tp_enabled and not tp_plan and not sp:
+        problems.append("tp > 1 needs a tp_plan (or sp=True on transformer blocks)")
+    if sp and dims.tp_enabled and dims.pp_enabled:
+        problems.append("sequence parallelism × PP: labkit's stages pass whole sequences")
+    if sp and dims.tp_enabled and dims.dp_enabled and dp == "fsdp":
+        problems.append("FSDP2 × sequence parallelism is not composed here (DDP is)")
     if dims.pp_enabled and example is None:
         problems.append("pp > 1 needs an example input (the stages' shapes)")
     if problems:
@@ -152,6 +165,7 @@ def parallelize(
     dp: str = "ddp",
     tp_plan: dict[str, str] | None = None,
     tp_style: str = "megatron",
+    sp: bool = False,
     ac: Iterable[str] = (),
     microbatches: int = 1,
     example: torch.Tensor | None = None,
@@ -169,6 +183,9 @@ def parallelize(
         dp: ``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"`` or ``"fsdp"`` (used when dp > 1).
         tp_plan: submodule name (in the whole model) → ``"colwise"`` / ``"rowwise"``.
         tp_style: ``"megatron"`` (labkit's layers) or ``"dtensor"`` (``parallelize_module``).
+        sp: sequence parallelism on the tp axis (when tp > 1): ``apply_sp`` makes every
+            transformer block (``ln1``, ``attn``, ``ln2``, ``mlp``) tensor- and
+            sequence-parallel instead of ``apply_tp`` with ``tp_plan``.
         ac: names of the submodules to checkpoint (in the whole model), e.g. the blocks.
         microbatches: pipeline micro-batches per step (pp > 1).
         example: one input batch, to find the stages' activation shapes (pp > 1).
@@ -182,7 +199,7 @@ def parallelize(
     Raises:
         ValueError: a combination this layer does not compose (the message says why).
     """
-    _check(dims, dp, tp_plan, tp_style, example)
+    _check(dims, dp, tp_plan, tp_style, example, sp)
     kwargs, chain = dict(optimizer_kwargs or {}), []
     pipeline, names = None, {n: True for n in ac}
     if dims.pp_enabled:  # 1. pp: keep this rank's stage; later steps see only its layers
@@ -195,14 +212,22 @@ def parallelize(
         model, tp_plan = pipeline.layers, pipeline.local_names(tp_plan or {})
         names = pipeline.local_names(names)
     what = "stage" if pipeline else "model"
+    sp_style = tp_style if sp and dims.tp_enabled else None
     if dims.tp_enabled:  # 2. tp: layers become shards before anything records the parameters
         tp = mesh["tp"] if tp_style == "dtensor" else axis_group(mesh, "tp")
-        apply_tp(model, tp_plan, tp, tp_style)
         ranks = dist.get_process_group_ranks(axis_group(mesh, "tp"))
-        chain.append(
-            f'apply_tp({what}, plan, mesh["tp"], style="{tp_style}")  '
-            f"# {len(tp_plan)} linear layers split over ranks {ranks}"
-        )
+        if sp:  # the blocks' plan is sequence parallelism's own (Korthikanti et al. 2022)
+            apply_sp(model, tp, tp_style)
+            chain.append(
+                f'apply_sp({what}, mesh["tp"], style="{tp_style}")  '
+                f"# blocks tensor- and sequence-parallel over ranks {ranks}"
+            )
+        else:
+            apply_tp(model, tp_plan, tp, tp_style)
+            chain.append(
+                f'apply_tp({what}, plan, mesh["tp"], style="{tp_style}")  '
+                f"# {len(tp_plan)} linear layers split over ranks {ranks}"
+            )
     if names:  # 3. ac: recompute the blocks' activations (their tp layers included)
         apply_ac(model, names)
         chain.append(f"apply_ac({what}, {sorted(names, key=lambda n: (len(n), n))})")
@@ -223,9 +248,8 @@ def parallelize(
             )
     if pipeline is not None:
         pipeline.module = module
-    return Parallelized(
-        dims, mesh, module, model, _pieces(model, zero, pipeline), chain, zero, pipeline, kwargs
-    )
+    pieces = _pieces(model, zero, pipeline)
+    return Parallelized(dims, mesh, module, model, pieces, chain, zero, pipeline, kwargs, sp_style)
 
 
 def _pieces(model: nn.Module, zero: ZeroBase | None, pipeline: PipelineStage | None) -> list:

@@ -1,6 +1,6 @@
 """What one rank updates, once: each piece of a parameter, its unsplit name, how it is split.
 
-Introduced in notebooks/17_capstone.ipynb (clipping and checkpointing a composed model).
+Introduced in notebooks/21_capstone.ipynb (clipping and checkpointing a composed model).
 
 After composition a rank's optimizer updates *pieces*: a whole parameter (replicated by DDP),
 rows or columns of one (Megatron's tensor parallelism), a flat padded shard (ZeRO), a DTensor

@@ -1,6 +1,6 @@
 """``apply_pp``: cut a model into pipeline stages, keep this rank's, run the 1F1B schedule on it.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (the runtime is notebook 11's).
+Introduced in notebooks/18_hybrid_parallel.ipynb (the runtime is notebook 11's).
 
 torchtitan splits first (``pipeline_llama``), then parallelizes each stage like a whole
 model. Here ``apply_pp`` cuts an ``nn.Sequential`` into consecutive runs of layers

@@ -1,6 +1,6 @@
 """A composed run's training state for DCP: every piece stored once, as a global tensor.
 
-Introduced in notebooks/17_capstone.ipynb (DCP itself is notebooks/15_fault_tolerance.ipynb's).
+Introduced in notebooks/21_capstone.ipynb (DCP itself is notebooks/19_fault_tolerance.ipynb's).
 
 ``torch.distributed.checkpoint`` stores a plain tensor that several ranks hold under one name
 *once* (it deduplicates by name), which is right for DDP's replicas and wrong for a Megatron
@@ -10,7 +10,7 @@ slice or a ZeRO shard: two ranks' different slices under one name would keep onl
 so that loading writes the values back in place. FSDP2's parameters are DTensors already.
 Adam's states follow their parameter; the schedule, the step, the parameter groups'
 hyperparameters and each rank's RNGs (under a key of its own) go in as plain values. With
-the same layout on resume, every tensor comes back bit for bit (notebook 17 and
+the same layout on resume, every tensor comes back bit for bit (notebook 21 and
 tests/test_parallel_compose.py check it with ``torch.equal``).
 """
 

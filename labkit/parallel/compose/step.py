@@ -1,6 +1,6 @@
 """One optimizer step's forwards and backwards on a composed model, and a plain SGD loop.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (accumulation and autocast: notebook 09).
+Introduced in notebooks/18_hybrid_parallel.ipynb (accumulation and autocast: notebook 09).
 
 ``forward_backward`` is what torchtitan's trainer calls ``forward_backward_step``: with a
 pipeline, the schedule runs the micro-batches; otherwise k micro-batches run one after the

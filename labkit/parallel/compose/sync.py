@@ -1,6 +1,6 @@
 """Gradient accumulation under any data-parallel flavour: reduce once per optimizer step.
 
-Introduced in notebooks/17_capstone.ipynb (accumulation with ``no_sync`` is notebook 09's).
+Introduced in notebooks/21_capstone.ipynb (accumulation with ``no_sync`` is notebook 09's).
 
 Every flavour reduces the gradients while backward runs, so a loop of k micro-batches must
 hold the reduction back for all but the last (``no_sync``), or the collectives run k times:

@@ -1,6 +1,6 @@
 """``apply_tp``: tensor parallelism from one plan, by labkit's Megatron layers or by DTensor.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb (the two implementations are notebook 12's).
+Introduced in notebooks/18_hybrid_parallel.ipynb (the two implementations are notebook 12's).
 
 The plan maps submodule names to ``"colwise"`` / ``"rowwise"`` (torchtitan's ``apply_tp``
 spells the same plan with ``ColwiseParallel()`` / ``RowwiseParallel()``). Two styles:
@@ -23,12 +23,20 @@ from torch import nn
 
 from labkit.parallel.tensor import ColumnParallelLinear, RowParallelLinear, apply_tensor_parallel
 
-__all__ = ["TP_STYLES", "apply_tp", "gather_tp", "tp_split"]
+__all__ = ["TP_STYLES", "apply_tp", "as_group", "gather_tp", "tp_split"]
 
 TP_STYLES = ("megatron", "dtensor")
 
 
-def _group(tp: Any) -> dist.ProcessGroup:
+def as_group(tp: Any) -> dist.ProcessGroup:
+    """The process group of a 1-D ``DeviceMesh``, or the group itself.
+
+    Args:
+        tp: a 1-D ``DeviceMesh`` (e.g. ``mesh["tp"]``) or a ``ProcessGroup``.
+
+    Returns:
+        The ``ProcessGroup``.
+    """
     return tp if isinstance(tp, dist.ProcessGroup) else tp.get_group()
 
 
@@ -58,7 +66,7 @@ def apply_tp(
     if bad:
         raise ValueError(f"plan styles must be 'colwise' or 'rowwise', got {bad}")
     if style == "megatron":
-        return apply_tensor_parallel(module, plan, _group(tp))
+        return apply_tensor_parallel(module, plan, as_group(tp))
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,

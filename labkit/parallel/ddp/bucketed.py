@@ -2,7 +2,7 @@
 
 Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb; ``no_sync`` (gradient accumulation)
 and ``reduce_gradients`` come with notebooks/09_accumulation_and_precision.ipynb and
-notebooks/14_hybrid_parallel.ipynb (a pipeline stage's reduction).
+notebooks/18_hybrid_parallel.ipynb (a pipeline stage's reduction).
 """
 
 from __future__ import annotations
