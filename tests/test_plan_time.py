@@ -197,3 +197,25 @@ def test_buckets_overlap_backward_where_a_network_carries_them():
     two_cores = MachineModel(cores=2, compute_share={2: 1.0}, backends={"gloo": NET})
     on_cpu = step_time(small, two_cores, "gloo", ParallelDims(2, 1, 1))  # no core to spare
     assert math.isclose(on_cpu.comm["dp"], 3 * 1e-3)
+
+
+def test_plan_prices_every_grid_with_the_calibrated_step_time():
+    from labkit.costmodel import Network
+    from labkit.planner import Calibrated, DeviceSpec, ModelSpec, plan
+
+    spec = ModelSpec(n_params=WORK.numel, n_layers=2, hidden=4, seq_len=10, batch=8, n_heads=2)
+    net = Network(latency_us=100.0, bandwidth_gbps=1.0, name="net")
+    plans = plan(spec, DeviceSpec(2, 1e9, 1e9), net, calibrated=Calibrated(MACHINE, WORK, "gloo"))
+    feasible = [p for p in plans if p.feasible]
+    assert {(p.dp, p.pp, p.tp) for p in feasible} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    for p in feasible:  # each plan's time is step_time's for its grid, nothing added
+        dims = ParallelDims(p.dp, p.pp, p.tp)
+        want = step_time(WORK, MACHINE, "gloo", dims, p.zero_stage if p.dp > 1 else 0,
+                         microbatches=p.microbatches)  # fmt: skip
+        assert p.step is not None and math.isclose(p.step_s, want.step_s)
+        assert math.isclose(p.compute_s + p.bubble_s + p.comm_s, want.step_s)
+    assert [p.step_s for p in feasible] == sorted(p.step_s for p in feasible)  # best first
+    # by hand: plain DP computes 40 tokens per rank, pays one bucket and the clipping's
+    # scalar (1 ms each), and Adam over all 57 parameters
+    dp = next(p for p in feasible if (p.dp, p.zero_stage, p.microbatches) == (2, 0, 1))
+    assert math.isclose(dp.step_s, _compute(40, 1) + 2e-3 + _adam(57))
