@@ -19,7 +19,10 @@ whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predi
 sizes), ``fsdp`` (an FSDP step on one link, with and without asynchronous prefetch),
 ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
 notebooks 15 and 16), ``moe`` (expert capacity and the all-to-all bytes of expert
-parallelism). Nothing here imports torch.
+parallelism); and the model calibrated on a machine: ``recipes`` (what each backend's
+implementation does per call), ``machine`` (``MachineModel``, ``predict_collective``),
+``calibrate`` (from microbenchmark samples to a ``MachineModel``; ``lk.bench.calibrate``
+measures them). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ from labkit.costmodel.formulas import (
     cost_terms,
 )
 from labkit.costmodel.fsdp import FsdpStepTime, fsdp_step_s
+from labkit.costmodel.machine import (
+    BackendCosts,
+    MachineModel,
+    collective_terms,
+    predict_collective,
+)
 from labkit.costmodel.moe import expert_capacity, moe_all_to_all_bytes, uniform_tokens_sent
 from labkit.costmodel.network import PRESETS, Network, fit
 from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
@@ -54,9 +63,11 @@ from labkit.costmodel.sequence_parallel import (
 
 __all__ = [
     "ALGORITHMS",
+    "BackendCosts",
     "COLLECTIVES",
     "DEFAULT_ALGORITHM",
     "LABELS",
+    "MachineModel",
     "PRESETS",
     "RingTraffic",
     "SEGMENTED",
@@ -69,6 +80,7 @@ __all__ = [
     "bucketed_backward_s",
     "busbw",
     "busbw_factor",
+    "collective_terms",
     "cost_terms",
     "crossover_bytes",
     "expert_capacity",
@@ -79,6 +91,7 @@ __all__ = [
     "powersgd_numel",
     "predict",
     "predict_all",
+    "predict_collective",
     "ring_attention_traffic",
     "sequence_parallel_collectives",
     "tensor_parallel_collectives",
