@@ -242,48 +242,10 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _translated_dir(notebooks: str | None, lang: str, only) -> Path:
-    """The folder of the course in ``lang``, refusing notebooks not built from their catalogue."""
-    from labkit.course import default_notebooks_dir, find_notebooks, select_notebooks
-    from labkit.course import translate as tr
-
-    english_dir = Path(notebooks) if notebooks else default_notebooks_dir()
-    tr.check_language(lang)
-    stale = [
-        nb.name
-        for nb in select_notebooks(find_notebooks(english_dir), only)
-        if not tr.built_is_current(english_dir, lang, nb)
-    ]
-    if stale:
-        raise ValueError(
-            f"the {lang} notebooks are not built from the current English ones and catalogues: "
-            f"{', '.join(stale)}; run `labkit course translate --lang {lang}` (it lists what is "
-            "missing)"
-        )
-    return english_dir / lang
-
-
 def _course_translate(args: argparse.Namespace) -> int:
-    from labkit.course import default_notebooks_dir
-    from labkit.course import translate as tr
+    from labkit.course.translate import command
 
-    notebooks = Path(args.notebooks) if args.notebooks else default_notebooks_dir()
-    try:
-        problems = tr.problems(notebooks, args.lang)
-    except ValueError as exc:
-        print(f"labkit: error: {exc}", file=sys.stderr)
-        return 2
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"{len(problems)} cell(s) to translate in notebooks/{tr.CATALOGUE_DIR}/{args.lang}/")
-        return 1
-    if args.check:
-        print(f"every markdown cell has a current {args.lang} translation")
-        return 0
-    written = tr.build(notebooks, args.lang)
-    print(f"wrote {len(written)} notebooks to {notebooks / args.lang}")
-    return 0
+    return command(args.notebooks, args.lang, check=args.check)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -297,7 +259,9 @@ def _course_run(args: argparse.Namespace) -> int:
     notebooks_dir = args.notebooks
     try:  # every refusal happens here, before any notebook runs
         if args.lang:
-            notebooks_dir = _translated_dir(args.notebooks, args.lang, args.only)
+            from labkit.course.translate import translated_dir
+
+            notebooks_dir = translated_dir(args.notebooks, args.lang, args.only)
         notebooks = select_notebooks(find_notebooks(notebooks_dir), args.only)
         parameters = course_parameters(
             fast=args.fast,

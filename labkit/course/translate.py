@@ -232,3 +232,53 @@ def import_filled(notebooks_dir: Path, lang: str, filled: dict) -> Path:
     path = catalogue_path(notebooks_dir, lang, notebook)
     save_catalogue(path, notebook, lang, cells)
     return path
+
+
+def translated_dir(notebooks: str | Path | None, lang: str, only=None) -> Path:
+    """The folder of the course in ``lang`` (``labkit course run --lang``).
+
+    Raises:
+        ValueError: an unknown language, or selected notebooks whose translation is not built
+            from the current English notebook and catalogue (the message says what to run).
+    """
+    from labkit.course.run import default_notebooks_dir, find_notebooks, select_notebooks
+
+    english_dir = Path(notebooks) if notebooks else default_notebooks_dir()
+    check_language(lang)
+    stale = [
+        nb.name
+        for nb in select_notebooks(find_notebooks(english_dir), only)
+        if not built_is_current(english_dir, lang, nb)
+    ]
+    if stale:
+        raise ValueError(
+            f"the {lang} notebooks are not built from the current English ones and catalogues: "
+            f"{', '.join(stale)}; run `labkit course translate --lang {lang}` (it lists what is "
+            "missing)"
+        )
+    return english_dir / lang
+
+
+def command(notebooks: str | Path | None, lang: str, check: bool = False) -> int:
+    """``labkit course translate``: list what is missing or stale, else build (exit status)."""
+    import sys
+
+    from labkit.course.run import default_notebooks_dir
+
+    folder = Path(notebooks) if notebooks else default_notebooks_dir()
+    try:
+        found = problems(folder, lang)
+    except ValueError as exc:
+        print(f"labkit: error: {exc}", file=sys.stderr)
+        return 2
+    for p in found:
+        print(p)
+    if found:
+        print(f"{len(found)} cell(s) to translate in notebooks/{CATALOGUE_DIR}/{lang}/")
+        return 1
+    if check:
+        print(f"every markdown cell has a current {lang} translation")
+        return 0
+    written = build(folder, lang)
+    print(f"wrote {len(written)} notebooks to {folder / lang}")
+    return 0
