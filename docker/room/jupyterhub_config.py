@@ -56,7 +56,7 @@ if env("LABKIT_ROOM_TLS_CERT"):
     # HTTPS on the hub's own port; or leave these unset behind a TLS-terminating proxy.
     c.JupyterHub.ssl_cert = env("LABKIT_ROOM_TLS_CERT")
     c.JupyterHub.ssl_key = env("LABKIT_ROOM_TLS_KEY")
-    c.JupyterHub.bind_url = env("LABKIT_ROOM_URL", "https://:8443")
+    c.JupyterHub.bind_url = env("LABKIT_ROOM_URL", "https://:8000")
 c.JupyterHub.db_url = f"sqlite:///{DATA / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(DATA / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(DATA / "jupyterhub-proxy.pid")

@@ -33,7 +33,11 @@ def available() -> str | None:
 def prepare(learner: Learner) -> None:
     """Put the check notebook and the lab settings into the learner's running server."""
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.cells = [nbformat.v4.new_code_cell(SLIDER_CELL), nbformat.v4.new_code_cell(LAUNCH_CELL)]
     body = {"type": "notebook", "format": "json", "content": json.loads(nbformat.writes(nb))}
     code, raw = learner.server("PUT", f"api/contents/{NOTEBOOK}", body)
@@ -77,7 +81,9 @@ def browse(page, hub: str, learner: Learner, shot: Path, wait_s: float) -> str:
             if attempt == 2:
                 raise
     outputs = page.locator(".jp-OutputArea-output")
-    outputs.filter(has_text="launch returned").or_(outputs.filter(has_text="Error")).first.wait_for()
+    outputs.filter(has_text="launch returned").or_(
+        outputs.filter(has_text="Error")
+    ).first.wait_for()
     page.locator(".jp-OutputArea-output .jupyter-widgets.widget-slider").wait_for()
     page.screenshot(path=str(shot), full_page=True)
     return page.locator(".jp-Notebook").inner_text()

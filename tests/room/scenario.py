@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.room import browser as room_browser
 from tests.room.client import Learner
 from tests.room.hub import running_room
-from tests.room.learner import COURSE, CELL_TIMEOUT_S, LearnerRun, probe, session
+from tests.room.learner import CELL_TIMEOUT_S, COURSE, LearnerRun, probe, session
 
 
 def load_scale(n: int) -> float:
