@@ -25,6 +25,7 @@ from labkit.launcher import (
     rank_context,
     section_gpus,
     shutdown,
+    stretch,
 )
 from labkit.record import record, recorded
 
@@ -103,6 +104,7 @@ __all__ = [
     "recorded",
     "section_gpus",
     "shutdown",
+    "stretch",
     "trace",
     "viz",
     "widgets",

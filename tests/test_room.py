@@ -172,7 +172,7 @@ def test_no_line_outside_a_room():
         (8, 8, "learner8", 1, "ok", "GPU 7 of the box is yours (seen here as cuda:0..0)"),
         (2, 4, "learner3", 0, "warn", "no GPU left for you: the room's 2 GPUs went to"),
         (0, 4, "learner1", 0, "ok", "this room has no GPU: your ranks run on the CPU"),
-        (2, 2, "learner1", 0, "fail", "but this server can use 0 GPU(s)"),
+        (2, 2, "learner1", 0, "warn", "but this server can use 0 GPU(s)"),
     ],
 )
 def test_the_doctor_says_what_the_room_gave(n_gpus, n_learners, learner, usable, status, says):

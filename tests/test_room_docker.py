@@ -195,6 +195,8 @@ def test_docker_mode_deals_gpus_into_device_requests(monkeypatch, tmp_path):
     assert cfg.NativeAuthenticator.open_signup is True
     assert cfg.DockerSpawner.volumes == {"labkit-room-{username}": cfg.DockerSpawner.notebook_dir}
     assert cfg.Spawner.cpu_limit == 2.0 and cfg.Spawner.mem_limit == "8G"
+    scale = max(1.0, 4 * 2 / os.cpu_count())  # 4 learners x 2 CPUs on this box's cores
+    assert cfg.Spawner.environment == {"LABKIT_TIMEOUT_SCALE": f"{scale:.1f}"}
     assert "ssl_cert" not in cfg.JupyterHub
     hook = cfg.Spawner.pre_spawn_hook
     got = {}

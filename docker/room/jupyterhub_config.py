@@ -15,6 +15,7 @@
 #   LABKIT_ROOM_GPUS_PER_LEARNER   or say it directly
 #   LABKIT_ROOM_GPU_TABLE  "alice=0,1; bob=2": these learners get exactly these GPUs
 #   LABKIT_ROOM_CPUS, LABKIT_ROOM_MEMORY, LABKIT_ROOM_SHM   per learner (default 2, 8G, 2g)
+#   LABKIT_ROOM_TIMEOUT_SCALE   labkit's deadlines x this (default: size x cpus / the box's cores)
 #   LABKIT_ROOM_CULL_AFTER seconds of inactivity before a server is stopped (default 3600)
 #   LABKIT_ROOM_TLS_CERT, LABKIT_ROOM_TLS_KEY   serve HTTPS with this certificate
 #   LABKIT_ROOM_IMAGE, LABKIT_ROOM_NETWORK      the learners' image and Docker network
@@ -82,8 +83,14 @@ c.NativeAuthenticator.seconds_before_next_try = 60
 
 # --- every learner's server ------------------------------------------------------------------
 c.Spawner.default_url = "/lab"
-c.Spawner.cpu_limit = float(env("LABKIT_ROOM_CPUS", "2"))
-c.Spawner.mem_limit = env("LABKIT_ROOM_MEMORY", "8G")
+CPUS = float(env("LABKIT_ROOM_CPUS") or 2)
+ROOM_SIZE = int(env("LABKIT_ROOM_SIZE") or 8)
+c.Spawner.cpu_limit = CPUS
+c.Spawner.mem_limit = env("LABKIT_ROOM_MEMORY") or "8G"
+# Everyone at work at once: the room's CPU share against the box's cores is how much slower
+# than alone a learner's ranks run, so every labkit deadline stretches by it (lk.stretch).
+SCALE = env("LABKIT_ROOM_TIMEOUT_SCALE") or f"{max(1.0, ROOM_SIZE * CPUS / os.cpu_count()):.1f}"
+c.Spawner.environment = {"LABKIT_TIMEOUT_SCALE": SCALE}
 # A loaded box starts servers slowly: the hub waits longer per server already running.
 c.Spawner.start_timeout = int(env("LABKIT_ROOM_START_TIMEOUT", "300"))
 c.Spawner.http_timeout = int(env("LABKIT_ROOM_HTTP_TIMEOUT", "180"))
@@ -93,7 +100,7 @@ TABLE = room.parse_table(env("LABKIT_ROOM_GPU_TABLE", ""))
 if env("LABKIT_ROOM_GPUS_PER_LEARNER"):
     PER_LEARNER = int(env("LABKIT_ROOM_GPUS_PER_LEARNER"))
 else:
-    PER_LEARNER = room.per_learner_for(len(GPU_IDS), int(env("LABKIT_ROOM_SIZE", "8")))
+    PER_LEARNER = room.per_learner_for(len(GPU_IDS), ROOM_SIZE)
 SEATS = DATA / "room-seats.json"  # the learners in the order they first started a server
 
 
@@ -129,7 +136,7 @@ if MODE == "docker":
     # learner edits their own copy, kept across restarts and culling.
     c.DockerSpawner.volumes = {"labkit-room-{username}": NOTEBOOKS}
     HOST_CONFIG = {
-        "shm_size": env("LABKIT_ROOM_SHM", "2g"),  # NCCL and torch share tensors in /dev/shm
+        "shm_size": env("LABKIT_ROOM_SHM") or "2g",  # NCCL and torch share tensors in /dev/shm
         "ulimits": [
             {"name": "memlock", "soft": -1, "hard": -1},
             {"name": "stack", "soft": 67108864, "hard": 67108864},

@@ -232,6 +232,7 @@ def running_room(
             LABKIT_ROOM_GPU_IDS=",".join(gpu_ids),
             LABKIT_ROOM_GPUS_PER_LEARNER="1",
             LABKIT_ROOM_NOTEBOOKS=str(ROOT / "notebooks"),
+            LABKIT_ROOM_TIMEOUT_SCALE=f"{scale:.1f}",  # lk.stretch in every learner's ranks
             LABKIT_ROOM_START_TIMEOUT=str(int(180 * scale)),
             LABKIT_ROOM_HTTP_TIMEOUT=str(int(120 * scale)),
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),

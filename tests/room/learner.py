@@ -140,7 +140,7 @@ OWNER = """\
 """
 OWNER_INFO = """\
 import json, os, socket
-from labkit.launcher._pool import current_zygote_pid
+from labkit.launcher import current_zygote_pid
 port = int(_port)
 # A segment made as labkit_shm makes its own: O_CREAT | O_EXCL, owner-only 0600.
 segment = f"/dev/shm/labkit-shm-{os.getuid()}-{os.getpid()}-roomprobe"
@@ -174,7 +174,7 @@ print(json.dumps(seen))
 """
 OWNER_AFTER = """\
 import os, psutil
-from labkit.launcher._pool import current_zygote_pid
+from labkit.launcher import current_zygote_pid
 assert current_zygote_pid() == target_zygote and psutil.Process(target_zygote).is_running()
 os.unlink(segment)
 """

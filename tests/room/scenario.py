@@ -4,7 +4,8 @@ N learners at once on one hub: each signs up, logs in, starts a server and runs 
 00-04 and a ``%%ranks`` session in it, while two of them also log in with a real browser and
 run a launch cell there; then the cross-talk probes (learner 1's world and segment against
 every other learner, learner 2's against learner 1). Timeouts grow with the load: every wait
-is multiplied by ``scale = max(1, N / cores)``.
+is multiplied by ``scale = max(1, (N + load average) / cores)``, the
+learners' labkit deadlines too (``LABKIT_TIMEOUT_SCALE``, ``lk.stretch``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from tests.room.learner import CELL_TIMEOUT_S, COURSE, LearnerRun, probe, sessio
 
 
 def load_scale(n: int) -> float:
-    """How much every timeout grows for ``n`` learners on this machine's cores."""
-    return max(1.0, n / (os.cpu_count() or 1))
+    """How much every timeout grows: ``n`` learners plus the load already on this machine
+    (its 1-minute load average: other jobs share these cores), over the cores."""
+    return max(1.0, (n + os.getloadavg()[0]) / (os.cpu_count() or 1))
 
 
 def run_room(
