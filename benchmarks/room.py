@@ -54,10 +54,11 @@ def row(summary: dict) -> str:
         ]
         cross = ", ".join(reached) or "none"
     browser = summary.get("browser", {})
+    sessions = summary.get("sessions_s", 0)
     return (
         f"| {summary['learners']} | {'user + netns' if summary.get('isolated') else 'shared'} "
         f"| {len(summary.get('passed', []))}/{summary['learners']} | {worst('server start')} "
-        f"| {max(course, default=0):.0f} s | {worst('%%ranks')} | {summary.get('sessions_s', 0):.0f} s "
+        f"| {max(course, default=0):.0f} s | {worst('%%ranks')} | {sessions:.0f} s "
         f"| {sum(1 for v in browser.values() if v is True)} | {cross} | {failed or '-'} |"
     )
 
