@@ -10,7 +10,7 @@ COURSE_ARGS ?= --fast
 PYTEST_ARGS ?=
 
 .PHONY: setup course test test-quick lab doctor bench lint clean gpu-check image-smoke image-base-local \
-	room-test room-smoke
+	room-test room-smoke room-proxy
 
 setup: $(STAMP)
 
@@ -66,6 +66,9 @@ $(ROOM_STAMP): requirements.txt requirements-dev.txt pyproject.toml
 $(CHP): Makefile
 	npm install --prefix $(ROOM) --no-audit --no-fund --no-save configurable-http-proxy@$(CHP_VERSION)
 	touch $@
+
+# The proxy alone: the default suite's hub test (tests/room/test_hub_login.py) needs it.
+room-proxy: $(CHP)
 
 room-test: $(ROOM_STAMP) $(CHP)
 	$(ROOM)/venv/bin/python -m pytest -p no:cacheprovider -m room tests/room -v $(PYTEST_ARGS)
