@@ -19,6 +19,7 @@
 #   LABKIT_ROOM_CULL_AFTER seconds of inactivity before a server is stopped (default 3600)
 #   LABKIT_ROOM_TLS_CERT, LABKIT_ROOM_TLS_KEY   serve HTTPS with this certificate
 #   LABKIT_ROOM_IMAGE, LABKIT_ROOM_NETWORK      the learners' image and Docker network
+#   LABKIT_ROOM_DOCKER_TIMEOUT  seconds Docker's API may take to start a container (600)
 #   LABKIT_ROOM_DATA       the hub's state: database, cookie secret, seats (default ./data)
 import json
 import os
@@ -128,6 +129,9 @@ if MODE == "docker":
     c.DockerSpawner.image = env("LABKIT_ROOM_IMAGE", "labkit:room-learner")
     c.DockerSpawner.network_name = env("LABKIT_ROOM_NETWORK", "labkit-room")
     c.DockerSpawner.use_internal_ip = True
+    # Docker's API may take minutes to start a container of a 6 GB image on a slow storage
+    # driver (vfs: a full copy); the SDK's default of 60 s would fail the spawn.
+    c.DockerSpawner.client_kwargs = {"timeout": int(env("LABKIT_ROOM_DOCKER_TIMEOUT") or 600)}
     c.DockerSpawner.remove = True  # a stopped server's container goes; its notebooks stay
     c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
     NOTEBOOKS = "/home/learner/labkit/notebooks"

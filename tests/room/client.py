@@ -131,9 +131,11 @@ class Learner:
         assert code in (201, 202), f"{self.name}: start -> {code} {raw[:300]!r}"
         while time.monotonic() - start < timeout:
             _, raw = self.request("GET", f"hub/api/users/{self.name}")
-            server = json.loads(raw).get("servers", {}).get("", {})
-            if server.get("ready"):
+            server = json.loads(raw).get("servers", {}).get("")
+            if server and server.get("ready"):
                 return time.monotonic() - start
+            if server is None and time.monotonic() - start > 5:  # the spawn failed
+                raise RuntimeError(f"{self.name}: the hub gave up starting the server")
             time.sleep(0.5)
         raise TimeoutError(f"{self.name}: server not ready within {timeout:.0f} s")
 
