@@ -220,6 +220,7 @@ def test_docker_mode_deals_gpus_into_device_requests(monkeypatch, tmp_path):
     assert "no GPU left for you" in got["erin"].environment["LABKIT_ROOM_NOTE"]
     assert "CUDA_VISIBLE_DEVICES" not in got["bob"].environment  # the container sees 0 and 1
     assert got["bob"].extra_host_config["shm_size"] == "2g"
+    assert {"name": "memlock", "soft": -1, "hard": -1} in got["bob"].extra_host_config["ulimits"]
     assert json.loads((tmp_path / "data" / "room-seats.json").read_text())[:2] == ["bob", "alice"]
     service = cfg.JupyterHub.services[0]
     assert service["command"][-2:] == ["jupyterhub_idle_culler", "--timeout=3600"]
@@ -242,6 +243,13 @@ def test_tls_a_table_and_no_roster(monkeypatch, tmp_path):
     spawner = StandInSpawner("carol")
     cfg.Spawner.pre_spawn_hook(spawner)
     assert spawner.extra_host_config["device_requests"][0]["device_ids"] == ["1"]
+
+
+def test_a_daemon_that_cannot_raise_memlock_gets_dockers_default(monkeypatch, tmp_path):
+    cfg = load_config(monkeypatch, tmp_path, LABKIT_ROOM_MEMLOCK="")
+    spawner = StandInSpawner("ann")
+    cfg.Spawner.pre_spawn_hook(spawner)
+    assert [u["name"] for u in spawner.extra_host_config["ulimits"]] == ["stack"]
 
 
 def test_local_mode_copies_the_notebooks_once_per_learner(monkeypatch, tmp_path):

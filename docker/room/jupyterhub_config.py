@@ -20,6 +20,7 @@
 #   LABKIT_ROOM_TLS_CERT, LABKIT_ROOM_TLS_KEY   serve HTTPS with this certificate
 #   LABKIT_ROOM_IMAGE, LABKIT_ROOM_NETWORK      the learners' image and Docker network
 #   LABKIT_ROOM_DOCKER_TIMEOUT  seconds Docker's API may take to start a container (600)
+#   LABKIT_ROOM_MEMLOCK    locked-memory limit per learner (-1: unlimited; empty: Docker's)
 #   LABKIT_ROOM_DATA       the hub's state: database, cookie secret, seats (default ./data)
 import json
 import os
@@ -139,12 +140,14 @@ if MODE == "docker":
     # A named volume per learner: Docker fills a new volume with the image's notebooks, so each
     # learner edits their own copy, kept across restarts and culling.
     c.DockerSpawner.volumes = {"labkit-room-{username}": NOTEBOOKS}
+    # NVIDIA's settings for PyTorch containers: unlimited locked memory (NCCL pins buffers) and
+    # a 64 MB stack. LABKIT_ROOM_MEMLOCK="" keeps Docker's default, for a daemon not allowed to
+    # raise it ("error setting rlimit type 8: operation not permitted").
+    MEMLOCK = env("LABKIT_ROOM_MEMLOCK", "-1")
     HOST_CONFIG = {
         "shm_size": env("LABKIT_ROOM_SHM") or "2g",  # NCCL and torch share tensors in /dev/shm
-        "ulimits": [
-            {"name": "memlock", "soft": -1, "hard": -1},
-            {"name": "stack", "soft": 67108864, "hard": 67108864},
-        ],
+        "ulimits": [{"name": "stack", "soft": 67108864, "hard": 67108864}]
+        + ([{"name": "memlock", "soft": int(MEMLOCK), "hard": int(MEMLOCK)}] if MEMLOCK else []),
     }
 
     def pre_spawn(spawner) -> None:

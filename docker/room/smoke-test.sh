@@ -16,6 +16,8 @@
 #   SUBNET=198.19.0.0/24            the room network's addresses (default: Docker's choice)
 #   PORT=18000                      the hub on 127.0.0.1:PORT
 #   GPU_IDS=0,1                     GPUs the hub deals (a GPU box)
+#   MEMLOCK=                        the learners' locked-memory limit (default -1, unlimited;
+#                                   empty: Docker's default, for a daemon that may not raise it)
 #   PYTHON=.venv/bin/python         runs tests/room/smoke.py (needs websocket-client)
 set -euo pipefail
 
@@ -79,6 +81,7 @@ say "network $NETWORK: $("$DOCKER" network inspect --format '{{.Driver}} {{range
     --env LABKIT_ROOM_NETWORK="$NETWORK" --env LABKIT_ROOM_IMAGE=labkit:room-learner \
     --env LABKIT_ROOM_LEARNERS="$(IFS=,; echo "${LEARNERS[*]}")" \
     --env LABKIT_ROOM_GPU_IDS="${GPU_IDS:-}" --env LABKIT_ROOM_MEMORY=4G \
+    --env LABKIT_ROOM_MEMLOCK="${MEMLOCK--1}" \
     labkit:room-hub > /dev/null
 say "started the hub $HUB on 127.0.0.1:$PORT"
 start=$SECONDS
@@ -99,7 +102,7 @@ say "two learners, two containers: $((SECONDS - start)) s"
 "$DOCKER" ps --filter "name=jupyter-" --format '{{.Names}} {{.Image}} {{.Status}}'
 for name in "${LEARNERS[@]}"; do
     say "jupyter-$name: $("$DOCKER" inspect --format \
-        'network {{.HostConfig.NetworkMode}}, cpus {{.HostConfig.NanoCpus}}, memory {{.HostConfig.Memory}}, shm {{.HostConfig.ShmSize}}, health {{.State.Health.Status}}' \
+        'network {{.HostConfig.NetworkMode}}, cpu quota {{.HostConfig.CpuQuota}} per {{.HostConfig.CpuPeriod}} us, memory {{.HostConfig.Memory}}, shm {{.HostConfig.ShmSize}}, ulimits {{.HostConfig.Ulimits}}, gpus {{.HostConfig.DeviceRequests}}, health {{.State.Health.Status}}' \
         "jupyter-$name")"
 done
 say "PASSED"
