@@ -1,7 +1,7 @@
 """Datasets that need no download: scikit-learn's digits, synthetic data, a character corpus.
 
 Introduced in notebooks/06_data_parallel.ipynb (digits), notebooks/08_sync_vs_async.ipynb
-(synthetic regression) and notebooks/17_capstone.ipynb (the character corpus).
+(synthetic regression) and notebooks/21_capstone.ipynb (the character corpus).
 
 scikit-learn ships the UCI optical-recognition digits (1,797 images of 8×8 pixels, 16 grey
 levels, 10 classes) inside the package, so the course trains on real data offline. Synthetic

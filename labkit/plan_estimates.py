@@ -1,6 +1,6 @@
 """The planner's three predictions for one configuration: memory, time, why it cannot run.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb, through ``labkit.planner.plan``, whose
+Introduced in notebooks/18_hybrid_parallel.ipynb, through ``labkit.planner.plan``, whose
 module docstring states the model; each function here is one part of it and is tested on
 its own (tests/test_planner.py). Pure arithmetic, no torch.
 """

@@ -1,6 +1,6 @@
 """The planner's inputs: the model and the devices, validated; the error it raises.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb, through ``labkit.planner`` (which
+Introduced in notebooks/18_hybrid_parallel.ipynb, through ``labkit.planner`` (which
 re-exports them). Pure arithmetic, no torch at import.
 """
 

@@ -1,6 +1,6 @@
 """A strategy planner: every (dp, pp, tp, ZeRO stage, micro-batches) with its memory and step time.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb.
+Introduced in notebooks/18_hybrid_parallel.ipynb.
 
 Pure arithmetic on top of ``labkit.memory`` (model states per ZeRO stage, activations per
 layer) and ``labkit.costmodel`` (the α-β time of each collective): no processes, no

@@ -1,4 +1,4 @@
-"""``TORCH_DISTRIBUTED_DEBUG=DETAIL`` catches mismatched collectives on gloo (notebook 15, §5).
+"""``TORCH_DISTRIBUTED_DEBUG=DETAIL`` catches mismatched collectives on gloo (notebook 19, §5).
 
 With the checker on, ranks that call different collectives, or one collective with different
 shapes, raise at once with a report naming each rank's operation and shapes; without it the

@@ -1,6 +1,6 @@
 """``labkit.debug.flight_recorder``: dumps written by ranks on gloo, read back and compared.
 
-What torch 2.13 records on gloo is checked here as well as in notebook 15: collectives with
+What torch 2.13 records on gloo is checked here as well as in notebook 19: collectives with
 their per-group sequence numbers, not send/recv; ``TORCH_FR_BUFFER_SIZE`` sizes the buffer.
 """
 

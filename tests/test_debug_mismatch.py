@@ -1,7 +1,7 @@
 """``labkit.debug.mismatch`` on the messages torch 2.13's DETAIL checker raised on gloo.
 
 The messages below are the ones ranks printed in ``tests/test_debug_detail.py``'s launches and
-in notebook 15 (the ``TensorDeviceTypes`` part shortened; a report of an all_gather printed
+in notebook 19 (the ``TensorDeviceTypes`` part shortened; a report of an all_gather printed
 ``TensorShape=[2, 3]`` and ``CollectiveFingerPrint(SequenceNumber=0OpType=SCATTER)``, the two
 variants tested last). tests/test_debug_detail.py checks live messages.
 """

@@ -394,3 +394,19 @@ def test_functions_touching_torch_backends_like_modules_can_be_sent():
         return lk.backends.__name__, torch.backends.cudnn.__name__, torch.ones(1).item()
 
     assert lk.launch(fn, world_size=2) == [("labkit.backends", "torch.backends.cudnn", 1.0)] * 2
+
+
+def test_no_rank_starts_before_every_rank_finished_init():
+    # A function that leaves the group at once (notebook 00's init-method lab) must not close
+    # its sockets while a peer is still in gloo's connection handshake: when fn starts, every
+    # rank has counted itself in on the launch's store.
+    def count_in(rank, world_size):
+        import torch.distributed as dist
+
+        store = dist.distributed_c10d._get_default_store().underlying_store  # under its prefix
+        seen = store.add("labkit/initialised", 0)
+        dist.destroy_process_group()
+        return seen
+
+    for _ in range(3):
+        assert lk.launch(count_in, 4, backend="gloo", device="cpu") == [4] * 4

@@ -12,9 +12,6 @@ import labkit as lk
 
 ROOT = Path(__file__).resolve().parents[1]
 INTRO = "Introduced in"
-# Still repeat INTRO in function docstrings while they are being restructured. Remove each entry
-# once its modules follow the rule; empty, this constant and its uses go.
-NOT_YET = ("labkit/capstone/", "labkit/mesh.py", "labkit/parallel/")
 
 
 def test_import_labkit_is_light():
@@ -63,7 +60,4 @@ def _intro_problems() -> dict[str, list[str]]:
 def test_notebook_named_once_per_module():
     """STYLE.md: the module docstring names the notebook that introduces it, not every function."""
     problems = _intro_problems()
-    todo = {m: w for m, w in problems.items() if not m.startswith(NOT_YET)}
-    assert not todo, f"say '{INTRO} notebooks/...' once, in the module docstring: {todo}"
-    done = [p for p in NOT_YET if not any(m.startswith(p) for m in problems)]
-    assert not done, f"these follow the rule now: remove them from NOT_YET: {done}"
+    assert not problems, f"say '{INTRO} notebooks/...' once, in the module docstring: {problems}"

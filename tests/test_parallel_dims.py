@@ -64,7 +64,7 @@ def test_eight_ranks_by_hand():
     assert d.coordinates(5) == {"dp": 1, "pp": 0, "tp": 1}
     assert d.rank(dp=1, pp=1, tp=0) == 6
     assert [d.stride(a) for a in AXES] == [4, 2, 1]
-    assert d.group_ranks("tp") == d.groups("tp")  # the name notebook 14 uses
+    assert d.group_ranks("tp") == d.groups("tp")  # the name notebook 18 uses
     e = ParallelDims(dp=2, pp=1, tp=4)
     assert e.groups("tp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert e.groups("pp") == [[r] for r in range(8)]  # degree 1: every rank alone

@@ -19,7 +19,7 @@ from torch import nn
 import labkit as lk
 from labkit.backends import recording
 from labkit.parallel.model_split.runtime import ModelSplit, split_model
-from labkit.parallel.pipeline import p2p, runtime, schedules
+from labkit.parallel.pipeline import p2p, runtime, schedules, wire
 
 
 def _watch_batches() -> list[list[tuple[str, int, int]]]:
@@ -163,7 +163,7 @@ def _stage_that_never_sends(rank: int, world_size: int) -> dict:
         devices.append((name, kind, device))
         return real(name, kind, device=device, **args)
 
-    runtime.span = span
+    runtime.span = wire.span = span  # actions' spans (runtime) and waits for messages (wire)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     mine = {rank: runtime.split_sequential(model, 2)[rank]}

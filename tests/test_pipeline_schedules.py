@@ -175,7 +175,7 @@ def test_rejects_a_stage_on_the_wrong_rank() -> None:
 
 def test_rejects_unknown_ops_and_out_of_range() -> None:
     s = [list(row) for row in gpipe(2, 1)]
-    s[0][1] = Action(0, "W", 0)  # type: ignore[arg-type]
+    s[0][1] = Action(0, "X", 0)  # type: ignore[arg-type]  (W is known: zero bubble)
     with pytest.raises(ScheduleError, match="known-action"):
         validate(s, 2, 1)
     s[0][1] = Action(0, "F", 5)

@@ -1,4 +1,4 @@
-"""The lab scripts of notebooks 08, 09 and 16 under real torchrun, against references.
+"""The lab scripts of notebooks 08, 09 and 20 under real torchrun, against references.
 
 - ``train_ddp --accum-steps 2`` (2 micro-batches per rank per step, one all-reduce) on 2
   ranks ends with the parameters of one process stepping on the union of both ranks'

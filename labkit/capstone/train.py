@@ -1,127 +1,116 @@
-"""Train a TinyGPT on the character corpus under a strategy, and the single-process reference.
+"""The capstone's training loop on every rank, and the same recipe on one process.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
-Every rank draws the same global batch for step k (a generator seeded by the config's seed
-and k) and keeps its data-parallel slice, so a run on any strategy and the reference on one
-process see the same tokens and, with the gradients averaged, take the same Adam steps.
+Each rank builds the whole TinyGPT (seeded), composes its share with
+``labkit.parallel.compose`` (``parallelize_gpt``), and runs the course's loop, one
+``train_step`` per optimizer step (notebook 21 prints it): its dp slice of the global batch in
+``microbatches`` with one gradient reduction (``forward_backward``), bf16 autocast if asked,
+the global gradient norm clipped after the reduction (``clip_grad_norm_``), Adam, the warmup +
+cosine schedule; a DCP checkpoint after ``ckpt_at`` steps, and with ``resume`` a start from
+the newest one. ``train_reference`` is the same recipe on one process with
+``torch.nn.utils.clip_grad_norm_``: with the gradients averaged, every strategy takes its
+steps.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from labkit.capstone.build import make_setup
-from labkit.capstone.setups import lm_loss, make_groups
+from labkit.capstone.config import (
+    RunConfig,
+    autocast_context,
+    build_model,
+    global_batch,
+    make_schedule,
+)
+from labkit.capstone.gpt import lm_loss, parallelize_gpt
 from labkit.capstone.strategy import Strategy
-from labkit.data import CharCorpus, char_corpus
-from labkit.models import TinyGPT
+from labkit.checkpoint import latest, save_sharded
+from labkit.data import char_corpus
+from labkit.launcher import get_device
+from labkit.mesh import build_mesh, dp_shard
+from labkit.parallel.compose import (
+    Parallelized,
+    checkpoint_state,
+    clip_grad_norm_,
+    forward_backward,
+    full_parameters,
+    load_state,
+    rank_state_bytes,
+)
 from labkit.trace import sync_device
 
 __all__ = [
-    "RunConfig",
-    "build_model",
-    "global_batch",
-    "run",
-    "run_many",
-    "train_many",
+    "checkpoint_dir",
+    "eval_steps",
     "train_rank",
     "train_reference",
+    "train_step",
 ]
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Sizes of the model and of the run.
-
-    Introduced in notebooks/17_capstone.ipynb.
-
-    Args:
-        dim: model width h.
-        n_layers: transformer blocks L.
-        n_heads: attention heads.
-        seq_len: characters per sequence T.
-        batch: sequences per step, all ranks together.
-        steps: optimizer steps.
-        lr: Adam's learning rate.
-        seed: model and batch seed.
-        eval_every: a validation loss every this many steps (and after the last).
-        val_batch: sequences in the (fixed) validation batch.
-        timeout_s: timeout of the process groups the run creates.
-    """
-
-    dim: int = 64
-    n_layers: int = 4
-    n_heads: int = 4
-    seq_len: int = 32
-    batch: int = 16
-    steps: int = 20
-    lr: float = 3e-3
-    seed: int = 0
-    eval_every: int = 5
-    val_batch: int = 16
-    timeout_s: float = 60.0
-
-    def check(self, strategy: Strategy) -> None:
-        """Raise ``ValueError`` with the arithmetic when ``strategy`` cannot split this run."""
-        s, problems = strategy, []
-        if self.n_layers % s.pp:
-            problems.append(f"pp({s.pp}) does not divide n_layers({self.n_layers})")
-        if self.n_heads % s.tp or self.dim % s.tp:
-            problems.append(f"tp({s.tp}) must divide n_heads({self.n_heads}) and dim({self.dim})")
-        for name, b in (("batch", self.batch), ("val_batch", self.val_batch)):
-            if b % (s.dp * s.microbatches):
-                problems.append(f"dp({s.dp}) · microbatches({s.microbatches}) ∤ {name}({b})")
-        if self.steps < 2 or self.eval_every < 1:
-            problems.append(
-                f"need steps >= 2 and eval_every >= 1, got {self.steps}, {self.eval_every}"
-            )
-        if problems:
-            raise ValueError(f"{s.label} cannot train this model: " + "; ".join(problems))
-
-
-def build_model(config: RunConfig, vocab_size: int) -> TinyGPT:
-    """The TinyGPT of ``config`` (same weights for the same seed on every process).
-
-    Introduced in notebooks/17_capstone.ipynb.
-    """
+def eval_steps(config: RunConfig) -> list[int]:
+    """The steps after which the validation loss is measured (and after the last)."""
     c = config
-    return TinyGPT(vocab_size, c.dim, c.n_layers, c.n_heads, c.seq_len, seed=c.seed)
-
-
-def global_batch(corpus: CharCorpus, config: RunConfig, step: int) -> tuple[torch.Tensor, ...]:
-    """The whole batch of step ``step`` (the same on every rank); ``step = -1``: validation.
-
-    Introduced in notebooks/17_capstone.ipynb.
-
-    Args:
-        corpus: the character corpus.
-        config: the run (batch, val_batch, seq_len, seed).
-        step: the optimizer step, or -1 for the fixed validation batch.
-
-    Returns:
-        ``(x, y)`` token ids, (batch, seq_len) each.
-    """
-    c = config
-    g = torch.Generator().manual_seed(100_003 * c.seed + step + 1)
-    if step < 0:
-        return corpus.batch(c.val_batch, c.seq_len, "val", generator=g)
-    return corpus.batch(c.batch, c.seq_len, "train", generator=g)
-
-
-def _eval_steps(c: RunConfig) -> list[int]:
     return sorted({*range(c.eval_every, c.steps, c.eval_every), c.steps})
 
 
-def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig) -> dict:
-    """One rank of a run (``lk.launch`` calls it); returns what this rank measured.
+def train_step(
+    parts: Parallelized,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: RunConfig,
+    microbatches: int,
+    context: Callable[[], Any],
+) -> tuple[float | None, float]:
+    """One optimizer step of the capstone's recipe on this rank's share ``(x, y)`` of the batch.
 
-    Introduced in notebooks/17_capstone.ipynb.
+    Args:
+        parts: this rank's share of the model (``parallelize_gpt``).
+        optimizer: its Adam (ZeRO's own under ZeRO).
+        schedule: the learning-rate schedule (``make_schedule``).
+        x, y: this rank's dp slice of the step's batch.
+        config: the run (``max_norm``).
+        microbatches: k, micro-batches of accumulation (1 under a pipeline, which has its own).
+        context: the autocast context factory (``autocast_context``).
+
+    Returns:
+        ``(loss, norm)``: the mean loss of ``x`` (None on pipeline ranks without it) and the
+        global gradient norm before clipping (NaN without ``max_norm``).
+    """
+    parts.zero_grad(optimizer)
+    # k micro-batches, autocast around each forward; one dp reduction, after the last
+    loss = forward_backward(parts, x, y, lm_loss, microbatches=microbatches, context=context)
+    norm = float("nan")
+    if config.max_norm is not None:  # after the reduction: every rank clips the same gradient
+        norm = float(clip_grad_norm_(parts.pieces, config.max_norm, parts.dims))
+    parts.step(optimizer)  # Adam (ZeRO: on the shards, then its all-gathers)
+    schedule.step()  # warmup, then cosine
+    return loss, norm
+
+
+def checkpoint_dir(config: RunConfig, strategy: Strategy) -> Path:
+    """Where ``strategy``'s checkpoints go: a folder of its own under ``config.ckpt_dir``.
+
+    Raises:
+        ValueError: no ``ckpt_dir``.
+    """
+    if not config.ckpt_dir:
+        raise ValueError("the run has no ckpt_dir")
+    return Path(config.ckpt_dir) / strategy.key.replace("·", "-")
+
+
+def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig) -> dict:
+    """One rank of a run (``lk.launch`` or torchrun calls it); returns what this rank measured.
 
     Args:
         rank: global rank.
@@ -130,10 +119,13 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
         config: the run.
 
     Returns:
-        ``{"losses", "val_steps", "val_losses", "step_s", "bytes", "full_state"}``: the loss of
-        the whole batch at each step and the validation losses (equal on every rank), the
-        slowest rank's seconds per step, this rank's bytes of parameters, gradients and
-        optimizer states after training, and (rank 0 only, else None) every parameter.
+        ``{"first_step", "losses", "grad_norms", "lrs", "val_steps", "val_losses", "step_s",
+        "bytes", "chain", "full_state"}``: the step it started from (0, or the checkpoint's),
+        the whole batch's loss at each step, the global gradient norm before clipping (NaN
+        without ``max_norm``) and the learning rate of each step, the validation losses
+        (equal on every rank), the slowest rank's seconds per step, this rank's bytes of
+        parameters, gradients and optimizer states after training, the ``apply_*`` calls
+        that built it, and (rank 0 only, else None) every parameter in full on the CPU.
 
     Raises:
         ValueError: a world size other than the strategy's, or sizes it cannot split.
@@ -142,145 +134,97 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
     if world_size != s.world_size:
         raise ValueError(f"{s.label} needs {s.world_size} ranks, launched on {world_size}")
     c.check(s)
-    corpus = char_corpus()
-    groups = make_groups(s, rank, c.timeout_s)
-    setup = make_setup(s, groups, lambda: build_model(c, corpus.vocab_size), c.lr)
+    device, corpus = get_device(), char_corpus()
+    mesh = build_mesh(s.dims, device.type)
+    parts = parallelize_gpt(build_model(c, corpus.vocab_size).to(device), s, mesh, c.seq_len, c.lr)
+    opt = parts.make_adam()
+    schedule = make_schedule(opt, c)
+    context = autocast_context(c, device)
+    start = 0
+    if c.resume:
+        path = latest(checkpoint_dir(c, s))
+        if path is None:
+            raise FileNotFoundError(f"resume: no complete checkpoint in {checkpoint_dir(c, s)}")
+        start = load_state(path, parts, opt, schedule)
 
     def mine(t: torch.Tensor) -> torch.Tensor:  # this rank's data-parallel slice
-        b = t.shape[0] // s.dp
-        return t[groups.dp_rank * b : (groups.dp_rank + 1) * b]
+        return dp_shard(t, s.dims, mesh).to(device)
 
-    def agree(loss: float | None) -> float:  # mean over the ranks that computed a loss
-        t = torch.tensor([loss or 0.0, float(loss is not None)], dtype=torch.float64)
-        dist.all_reduce(t)
-        return float(t[0] / t[1])
+    def agree(value: float | None, op: Any = dist.ReduceOp.SUM) -> float:
+        # mean over the ranks that have a value (the pipeline's last stage), or the MAX
+        t = torch.tensor(
+            [value or 0.0, float(value is not None)], dtype=torch.float64, device=device
+        )
+        dist.all_reduce(t, op=op)
+        return float(t[0] / t[1]) if op == dist.ReduceOp.SUM else float(t[0])
 
     xv, yv = (mine(t) for t in global_batch(corpus, c, -1))
-    out: dict[str, Any] = {"losses": [], "val_steps": [0], "step_s": []}
-    out["val_losses"] = [agree(setup.evaluate(xv, yv))]
-    for k in range(c.steps):
+    out: dict[str, Any] = {"first_step": start, "losses": [], "grad_norms": [], "lrs": []}
+    out |= {"step_s": [], "val_steps": [start]}
+    out["val_losses"] = [agree(parts.evaluate(xv, yv, lm_loss, context))]
+    m = s.microbatches if s.pp == 1 else 1  # a pipeline runs its micro-batches itself
+    for k in range(start, c.steps):
         x, y = (mine(t) for t in global_batch(corpus, c, k))
         dist.barrier()
-        sync_device(x.device)  # on a GPU, a step's time covers its kernels and transfers
+        sync_device(device)  # on a GPU, a step's time covers its kernels and transfers
         t0 = time.perf_counter()
-        loss = setup.step(x, y)
-        sync_device(x.device)
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        out["step_s"].append(float(elapsed))
+        out["lrs"].append(opt.param_groups[0]["lr"])
+        loss, norm = train_step(parts, opt, schedule, x, y, c, m, context)
+        sync_device(device)
+        out["step_s"].append(agree(time.perf_counter() - t0, dist.ReduceOp.MAX))
         out["losses"].append(agree(loss))
-        if k + 1 in _eval_steps(c):
+        out["grad_norms"].append(norm)
+        if c.ckpt_at == k + 1:
+            state = checkpoint_state(parts, opt, schedule, k + 1)
+            save_sharded(checkpoint_dir(c, s), state, k + 1)
+        if k + 1 in eval_steps(c):
             out["val_steps"].append(k + 1)
-            out["val_losses"].append(agree(setup.evaluate(xv, yv)))
-    out["bytes"] = setup.state_bytes()
-    full = setup.full_state()
+            out["val_losses"].append(agree(parts.evaluate(xv, yv, lm_loss, context)))
+    out["bytes"] = rank_state_bytes(parts, opt)
+    out["chain"] = parts.chain
+    full = full_parameters(parts)
     out["full_state"] = full if rank == 0 else None
     return out
 
 
 def train_reference(config: RunConfig) -> dict:
-    """The same run on one process: TinyGPT and ``torch.optim.Adam`` on the whole batch.
-
-    Introduced in notebooks/17_capstone.ipynb.
+    """The same recipe on one process: TinyGPT, Adam, the schedule, clipping, on the whole batch.
 
     Returns:
-        ``{"losses", "val_steps", "val_losses", "model"}`` (the trained model).
+        ``{"losses", "grad_norms", "lrs", "val_steps", "val_losses", "model"}`` (the trained
+        model); a gradient norm is ``torch.nn.utils.clip_grad_norm_``'s (NaN without
+        ``max_norm``).
     """
     c = config
     corpus = char_corpus()
     model = build_model(c, corpus.vocab_size)
     opt = torch.optim.Adam(model.parameters(), lr=c.lr)
+    schedule = make_schedule(opt, c)
+    context = autocast_context(c, torch.device("cpu"))
     xv, yv = global_batch(corpus, c, -1)
 
     def val() -> float:
-        with torch.no_grad():
+        with torch.no_grad(), context():
             return lm_loss(model(xv), yv).item()
 
-    out: dict[str, Any] = {"losses": [], "val_steps": [0], "val_losses": [val()]}
+    out: dict[str, Any] = {"losses": [], "grad_norms": [], "lrs": [], "val_steps": [0]}
+    out["val_losses"] = [val()]
     for k in range(c.steps):
         x, y = global_batch(corpus, c, k)
+        out["lrs"].append(opt.param_groups[0]["lr"])
         opt.zero_grad()
-        loss = lm_loss(model(x), y)
+        with context():
+            loss = lm_loss(model(x), y)
         loss.backward()
+        norm = float("nan")
+        if c.max_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_norm))
         opt.step()
+        schedule.step()
         out["losses"].append(loss.item())
-        if k + 1 in _eval_steps(c):
+        out["grad_norms"].append(norm)
+        if k + 1 in eval_steps(c):
             out["val_steps"].append(k + 1)
             out["val_losses"].append(val())
     out["model"] = model
     return out
-
-
-def run(
-    strategy: Strategy, config: RunConfig, backend: str = "gloo", timeout: float = 120.0
-) -> list[dict]:
-    """Launch ``train_rank`` on ``strategy.world_size`` ranks; every rank's result, in order.
-
-    Introduced in notebooks/17_capstone.ipynb.
-
-    Args:
-        strategy: how to split the model.
-        config: the run.
-        backend: process-group backend (CPU tensors: gloo or a labkit backend).
-        timeout: seconds before the launch is stopped.
-
-    Returns:
-        ``train_rank``'s dicts, one per rank.
-
-    Raises:
-        ValueError: the config cannot be split by the strategy (checked before launching).
-    """
-    from labkit.launcher import launch
-
-    config.check(strategy)
-    return launch(
-        train_rank,
-        strategy.world_size,
-        backend,
-        args=(strategy, config),
-        timeout=timeout,
-        device="cpu",
-    )
-
-
-def train_many(rank: int, world_size: int, strategies: list[Strategy], config: RunConfig) -> dict:
-    """``train_rank`` for each strategy in turn, in one launch (one process start-up for all).
-
-    Introduced in notebooks/17_capstone.ipynb.
-
-    Returns:
-        ``{strategy.label: train_rank's dict}``.
-    """
-    return {s.label: train_rank(rank, world_size, s, config) for s in strategies}
-
-
-def run_many(
-    strategies: list[Strategy], config: RunConfig, backend: str = "gloo", timeout: float = 300.0
-) -> dict[str, list[dict]]:
-    """Train every strategy (all on the same world size) in one launch.
-
-    Introduced in notebooks/17_capstone.ipynb.
-
-    Args:
-        strategies: strategies with one ``world_size``.
-        config: the run.
-        backend: process-group backend.
-        timeout: seconds for all of them together.
-
-    Returns:
-        ``{label: [rank 0's dict, rank 1's, ...]}`` in the order given.
-
-    Raises:
-        ValueError: no strategies, different world sizes, or a config a strategy cannot split.
-    """
-    from labkit.launcher import launch
-
-    sizes = {s.world_size for s in strategies}
-    if len(sizes) != 1:
-        raise ValueError(f"run_many needs strategies of one world size, got {sorted(sizes)}")
-    for s in strategies:
-        config.check(s)
-    per_rank = launch(
-        train_many, sizes.pop(), backend, args=(strategies, config), timeout=timeout, device="cpu"
-    )
-    return {s.label: [r[s.label] for r in per_rank] for s in strategies}

@@ -1,6 +1,6 @@
 """Fault tolerance: atomic checkpoints of the full training state, resume, DCP resharding.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
     state = lk.checkpoint.TrainState(model, optimizer, scheduler, sampler)
     path = lk.checkpoint.latest(ckpt_dir)                 # newest COMPLETE one, or None

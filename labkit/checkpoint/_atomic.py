@@ -1,6 +1,6 @@
 """Atomic file writes: write to a temporary name, fsync, rename, fsync the directory.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
 POSIX ``rename(2)`` replaces the target in one step: a reader sees the old file or the new
 one, never half of either. The data is durable only after ``fsync`` of the file (its bytes)

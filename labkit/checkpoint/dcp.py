@@ -1,6 +1,6 @@
 """Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP), committed by a marker.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
 DCP writes one ``__<rank>_0.distcp`` file per rank plus a ``.metadata`` file that says which
 slice of which global tensor every stored chunk holds. Loading plans reads against that

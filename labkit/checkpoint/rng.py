@@ -1,6 +1,6 @@
 """Capture and restore every random number generator a training step may draw from.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
 A resumed run is bit-identical to an uninterrupted one only if dropout masks, shuffles and
 augmentations draw the same numbers, so each rank saves the state of torch's CPU (and CUDA)

@@ -1,6 +1,6 @@
 """A sampler that can resume in the middle of an epoch, deterministically.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
 ``DistributedSampler`` shuffles with ``seed + epoch``, so an epoch's order is a pure
 function of the epoch number: to resume after ``k`` batches of epoch ``e`` it is enough to

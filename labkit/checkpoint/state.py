@@ -1,6 +1,6 @@
 """The complete training state of one rank, as one dict that ``save`` can write.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
 Layout of ``TrainState.state_dict(step)`` (format 1)::
 

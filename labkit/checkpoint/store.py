@@ -1,6 +1,6 @@
 """Checkpoint directories: per-rank files, a COMPLETE marker written last, keep the last K.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
 Layout of ``directory`` (``save(directory, state, step=123)`` on 2 ranks)::
 

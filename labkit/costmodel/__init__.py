@@ -16,7 +16,9 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 (``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
-sizes). Nothing here imports torch.
+sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
+notebooks 15 and 16), ``moe`` (expert capacity and the all-to-all bytes of expert
+parallelism). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from labkit.costmodel.formulas import (
     CostTerms,
     cost_terms,
 )
+from labkit.costmodel.moe import expert_capacity, moe_all_to_all_bytes, uniform_tokens_sent
 from labkit.costmodel.network import PRESETS, Network, fit
 from labkit.costmodel.pipelined import best_segments, pipelined_tree_terms
 from labkit.costmodel.predict import (
@@ -41,6 +44,11 @@ from labkit.costmodel.predict import (
     predict_all,
     what_if,
 )
+from labkit.costmodel.ring_attention import RingTraffic, ring_attention_traffic
+from labkit.costmodel.sequence_parallel import (
+    sequence_parallel_collectives,
+    tensor_parallel_collectives,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -48,6 +56,7 @@ __all__ = [
     "DEFAULT_ALGORITHM",
     "LABELS",
     "PRESETS",
+    "RingTraffic",
     "SEGMENTED",
     "CostTerms",
     "Network",
@@ -59,10 +68,16 @@ __all__ = [
     "busbw_factor",
     "cost_terms",
     "crossover_bytes",
+    "expert_capacity",
     "fit",
+    "moe_all_to_all_bytes",
     "pipelined_tree_terms",
     "powersgd_numel",
     "predict",
     "predict_all",
+    "ring_attention_traffic",
+    "sequence_parallel_collectives",
+    "tensor_parallel_collectives",
+    "uniform_tokens_sent",
     "what_if",
 ]

@@ -1,6 +1,6 @@
 """Reading what PyTorch and NCCL report about a distributed job that goes wrong.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (section 5, debugging a distributed job).
+Introduced in notebooks/19_fault_tolerance.ipynb (section 5, debugging a distributed job).
 
 - ``mismatch``: the error ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` raises for mismatched collectives,
   read into one fingerprint (operation, shapes, dtypes, sequence number) per rank;

@@ -1,6 +1,6 @@
 """PyTorch's flight recorder: each rank's last collectives, dumped, read back and compared.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (section 5, debugging a distributed job).
+Introduced in notebooks/19_fault_tolerance.ipynb (section 5, debugging a distributed job).
 
 Process groups record the collectives they issue in a ring buffer of ``TORCH_FR_BUFFER_SIZE``
 entries (older name ``TORCH_NCCL_TRACE_BUFFER_SIZE``; torch 2.13's ``FlightRecorder.hpp`` reads
@@ -10,7 +10,7 @@ both, default 2000; 0 turns it off): the operation (``profiling_name``, e.g.
 writes every rank's buffer to ``TORCH_FR_DUMP_TEMP_FILE<rank>`` (older name
 ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``) when a collective times out and
 ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``; ``torchfrtrace <folder>`` then matches the ranks' entries.
-What of this works on gloo is measured in notebook 15; where the watchdog does not write the
+What of this works on gloo is measured in notebook 19; where the watchdog does not write the
 dump, a rank writes its own with ``dump_flight_recorder`` (the same file layout and name), and
 ``compare_ranks`` answers the question a hang asks: which rank stopped at which collective.
 

@@ -1,6 +1,6 @@
 """The report of ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on mismatched collectives, read into data.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (section 5, debugging a distributed job).
+Introduced in notebooks/19_fault_tolerance.ipynb (section 5, debugging a distributed job).
 
 With ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` every process group is wrapped in a checker
 (``torch.distributed``'s ``_ProcessGroupWrapper``, "Debugging torch.distributed applications"

@@ -1,6 +1,6 @@
 """``NCCL_DEBUG=INFO`` output, read line by line.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (section 5, debugging a distributed job).
+Introduced in notebooks/19_fault_tolerance.ipynb (section 5, debugging a distributed job).
 
 NCCL documents its log format in the NCCL User Guide ("Troubleshooting > Logging", and
 "Environment Variables": ``NCCL_DEBUG``, ``NCCL_DEBUG_SUBSYS``, ``NCCL_DEBUG_FILE``,

@@ -1,6 +1,6 @@
 """Run a module under ``torchrun`` on this machine: loopback only, with a deadline, output kept.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (section 5, debugging a distributed job).
+Introduced in notebooks/19_fault_tolerance.ipynb (section 5, debugging a distributed job).
 
 A real job gets its debug switches the way a worker gets any setting: from the environment
 torchrun starts it with, before ``import torch``. This runs ``python -m

@@ -101,7 +101,22 @@ def _run(call: dict, rank: int, world_size: int):
         backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
     )
     _state["store"] = store
+    # No rank's code starts before every rank has finished init_process_group: code that
+    # begins by leaving the group (notebook 00's init-method lab destroys it at once) would
+    # otherwise close its sockets while a slower peer is still inside gloo's connectFullMesh
+    # handshake, which then fails with "Connection closed by peer".
+    _store_barrier(store, "labkit/initialised", world_size, local["pg_timeout"])
     return fn(rank, world_size, *args, **kwargs)
+
+
+def _store_barrier(store, key: str, world_size: int, timeout_s: float) -> None:
+    """Wait until ``world_size`` ranks have reached ``key`` on ``store`` (not on the group,
+    so it works for every backend and even after the group is gone)."""
+    from datetime import timedelta
+
+    if store.add(key, 1) == world_size:
+        store.set(f"{key}/all", "1")
+    store.wait([f"{key}/all"], timedelta(seconds=timeout_s))
 
 
 _state: dict = {}
@@ -115,14 +130,9 @@ def _exit_barrier(world_size: int, timeout_s: float) -> None:
     handshake — which then fails with gloo's "Connection closed by peer". The store is used,
     not the group, so this works for every backend.
     """
-    from datetime import timedelta
-
     store = _state.get("store")
-    if store is None:
-        return
-    if store.add("labkit/finished", 1) == world_size:
-        store.set("labkit/all_finished", "1")
-    store.wait(["labkit/all_finished"], timedelta(seconds=timeout_s))
+    if store is not None:
+        _store_barrier(store, "labkit/finished", world_size, timeout_s)
 
 
 def _teardown() -> None:

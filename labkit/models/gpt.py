@@ -1,6 +1,6 @@
 """TinyGPT: token and position embeddings, causal transformer blocks, a language-model head.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 """
 
 from __future__ import annotations

@@ -54,8 +54,6 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def sync_context(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
     """The context a backward runs in: ``model.no_sync()`` unless this backward must sync.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         model: a data-parallel wrapper with ``no_sync()`` (PyTorch DDP, labkit's DDP) or any
             module without it (one process: every backward is local anyway).
@@ -73,8 +71,6 @@ def sync_context(model: nn.Module, sync: bool) -> contextlib.AbstractContextMana
 
 def split_micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[Batch]:
     """Cut a rank's batch into ``k`` micro-batches of (nearly) equal size, in order.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Args:
         x: inputs, (B, ...).
@@ -103,8 +99,6 @@ def accumulation_step(
     scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """One optimizer step over k micro-batches that equals one step on their union.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     Zeroes the gradients once, runs each micro-batch's forward and backward with its mean loss
     scaled by n_i / N (N = samples in all micro-batches; 1/k when they are equal), inside
@@ -160,8 +154,6 @@ def global_token_count(
 ) -> int:
     """The number of tokens over all ranks of ``group``: an all-reduce (SUM) of the counts.
 
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
-
     Args:
         n_tokens: tokens that count in this rank's loss (padding excluded).
         group: the data-parallel group (None: the default group).
@@ -177,8 +169,6 @@ def global_token_count(
 
 def token_mean_loss(loss_sum: torch.Tensor, n_global: int, world_size: int) -> torch.Tensor:
     """This rank's share of the global per-token mean, ready for DDP's gradient average.
-
-    Introduced in notebooks/09_accumulation_and_precision.ipynb.
 
     DDP divides the summed gradients by p (``world_size``), so the rank's loss is
     p · Σ_{i∈r} ℓ_i / N: the averaged gradient is then (1/N) Σ_i ∇ℓ_i, the gradient of one

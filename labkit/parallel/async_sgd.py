@@ -78,7 +78,7 @@ def apply_gradient(
 ) -> tuple[int, int]:
     """The server's step: SGD on ``theta`` in place; return the new version and the staleness.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb (exercise ``08_apply_gradient``).
+    The reference solution of exercise ``08_apply_gradient``.
     Staleness as in Lian et al. 2015 ("Asynchronous parallel SGD for nonconvex optimization"):
     how many updates the server applied since the worker read version ``grad_version``.
 
@@ -99,8 +99,6 @@ def apply_gradient(
 
 def predicted_mean_staleness(updates: int, n_workers: int) -> float:
     """The mean staleness of a parameter-server run, exactly — whatever the workers' speeds.
-
-    Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Each gradient's staleness counts the updates applied between its pull and its push, i.e. a
     gradient is counted once by every update made while it was in flight. When update u is
@@ -154,7 +152,7 @@ def parameter_server(
 ) -> TrainLog:
     """Asynchronous SGD: group rank 0 serves parameters, the other ranks push gradients.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb. Call it on every rank of ``group``.
+    Call it on every rank of ``group``.
 
     Args:
         problem: what to train (same on every rank).

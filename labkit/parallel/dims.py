@@ -1,6 +1,6 @@
 """The dp × pp × tp rank grid: degrees, coordinates, groups, in one place and without torch.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb; the capstone (notebooks/17_capstone.ipynb),
+Introduced in notebooks/18_hybrid_parallel.ipynb; the capstone (notebooks/21_capstone.ipynb),
 the planner (``labkit.planner``) and ``labkit.mesh`` all lay their ranks out with it.
 
 ``ParallelDims(dp, pp, tp)`` names how the ranks are shared among data, pipeline and tensor
@@ -36,8 +36,8 @@ AXES = ("dp", "pp", "tp")  # outermost to innermost
 class ParallelDims:
     """Data-, pipeline- and tensor-parallel degrees whose product is the world size.
 
-    Introduced in notebooks/14_hybrid_parallel.ipynb. Pure arithmetic: no process group,
-    no torch. The layout is the module's docstring (tp innermost).
+    Pure arithmetic: no process group, no torch. The layout is the module's docstring (tp
+    innermost).
 
     Args:
         dp: data-parallel degree (replicas, each on its own share of the batch).
@@ -170,8 +170,7 @@ class ParallelDims:
     def groups(self, axis: str) -> list[list[int]]:
         """Every group of ``axis``: the ranks that differ only in their ``axis`` coordinate.
 
-        Introduced in notebooks/14_hybrid_parallel.ipynb: pure arithmetic, checked against
-        ``init_device_mesh``'s own groups in tests/test_mesh.py.
+        Pure arithmetic, checked against ``init_device_mesh``'s own groups in tests/test_mesh.py.
 
         Args:
             axis: ``"dp"``, ``"pp"`` or ``"tp"``.
@@ -189,7 +188,7 @@ class ParallelDims:
         firsts = sorted(self.rank(**dict(zip(names, c, strict=True))) for c in product(*others))
         return [[first + i * step for i in range(n)] for first in firsts]
 
-    group_ranks = groups  # the name notebooks/14_hybrid_parallel.ipynb and its exercise use
+    group_ranks = groups  # the name notebooks/18_hybrid_parallel.ipynb and its exercise use
 
     def group_of(self, rank: int, axis: str) -> list[int]:
         """The ranks of ``rank``'s group along ``axis`` (``rank`` among them).
@@ -207,6 +206,34 @@ class ParallelDims:
         c = self.coordinates(rank)
         first = rank - c[axis] * self.stride(axis)
         return [first + i * self.stride(axis) for i in range(self.degree(axis))]
+
+    def expert_groups(self, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Expert parallelism inside the dp axis: the ep groups and the expert-dp groups.
+
+        Expert parallelism borrows its ranks from data parallelism, as torchtitan's
+        ``ParallelDims`` does (its ``ep`` divides the data-parallel shard degree): every dp rank
+        keeps its own tokens; in each dp group, ``ep`` consecutive dp ranks share the experts
+        among them (an **ep group**: the ranks of the all-to-all), and ranks ``ep`` apart hold
+        the same experts (an **expert-dp group**: where the experts' gradients are summed).
+        The dense layers and the router stay replicated over the whole dp group.
+
+        Args:
+            ep: ranks per ep group; divides ``dp``.
+
+        Returns:
+            ``(ep_groups, edp_groups)``: each a list of sorted rank lists ordered by first rank;
+            each partitions the ranks. ``dp=4, ep=2``: ``[[0, 1], [2, 3]]``, ``[[0, 2], [1, 3]]``.
+
+        Raises:
+            ValueError: ``ep`` is not an int ≥ 1 dividing ``dp``.
+        """
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or self.dp % ep:
+            raise ValueError(f"ep must be an int >= 1 dividing dp({self.dp}), got {ep!r}")
+        ep_groups, edp_groups = [], []
+        for g in self.groups("dp"):
+            ep_groups += [g[i : i + ep] for i in range(0, len(g), ep)]
+            edp_groups += [g[j::ep] for j in range(ep)]
+        return sorted(ep_groups), sorted(edp_groups)
 
     def nodes_spanned(self, axis: str, per_node: int) -> int:
         """The most nodes any group of ``axis`` touches, with ranks numbered node by node.

@@ -44,8 +44,6 @@ __all__ = [
 class Problem:
     """A training problem: model factory, data, evaluation set, loss, batch size, step size.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         model_fn: builds the model; must give identical weights on every call (a seed).
         x, y: the training inputs and targets.
@@ -86,8 +84,6 @@ def digits_problem(
 ) -> Problem:
     """Classify scikit-learn's 8×8 digits with an MLP; evaluate on the held-out split.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         batch_size: samples per gradient.
         lr: SGD learning rate.
@@ -120,8 +116,6 @@ def regression_problem(
 ) -> Problem:
     """Linear regression on ``lk.data.synthetic_regression`` with a single linear layer.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         n_samples: training rows (256 more rows of the same draw are the evaluation set).
         in_features: width of x.
@@ -150,8 +144,6 @@ def regression_problem(
 @dataclass
 class TrainLog:
     """What one rank reports after training: plain lists, one entry per update, and totals.
-
-    Introduced in notebooks/08_sync_vs_async.ipynb.
 
     Rows are filled on rank 0 (the parameter server, or the rank that evaluates in sync and
     local SGD); other ranks return empty rows and their own ``gradients`` count.
@@ -205,8 +197,6 @@ def gradient(
 ) -> torch.Tensor:
     """The flat gradient of ``loss_fn`` on ``batch`` at parameters ``theta``.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     Args:
         model: the module whose parameters are set to ``theta`` first.
         theta: flat parameters (``parameters_to_vector`` layout).
@@ -233,8 +223,6 @@ def evaluate(model: nn.Module, theta: torch.Tensor, problem: Problem) -> float:
 def pace(started: float, step_time_s: float, slowdown: float) -> None:
     """Make a gradient take ``slowdown × max(its compute time, step_time_s)`` by sleeping.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb.
-
     ``step_time_s`` pads every worker's compute to a floor, as if the model were larger
     (sleeping, so a shared CPU is not burnt); a straggler (``slowdown = k``) then sleeps
     (k − 1) times that padded time. With a floor above the real compute time, every step's
@@ -256,9 +244,9 @@ def reference_sgd(
 ) -> tuple[torch.Tensor, list[float]]:
     """Single-process SGD: update k uses the concatenation of the batches in ``schedule[k]``.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb. With one ``(worker, step)`` pair per
-    update this is sequential SGD (what a one-worker parameter server must reproduce); with
-    ``[(r, k) for r in range(p)]`` it is large-batch SGD (what synchronous SGD must reproduce).
+    With one ``(worker, step)`` pair per update this is sequential SGD (what a one-worker parameter
+    server must reproduce); with ``[(r, k) for r in range(p)]`` it is large-batch SGD (what
+    synchronous SGD must reproduce).
 
     Args:
         problem: what to train.

@@ -44,7 +44,7 @@ def _all_reduce(tensor: torch.Tensor, group, timeout_s: float) -> None:
 def average_parameters(theta: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
     """Replace every rank's flat parameters by their mean over the group, in place.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb (exercise ``08_average_parameters``).
+    The reference solution of exercise ``08_average_parameters``.
     Local SGD's averaging step (Stich 2019, Algorithm 1): one all-reduce (sum), then ÷ p.
 
     Args:
@@ -86,8 +86,7 @@ def sync_sgd(
 ) -> TrainLog:
     """Synchronous data-parallel SGD: all-reduce the gradients every step.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb. Call it on every rank of ``group``; rank r
-    uses ``problem.batch(r, step)``.
+    Call it on every rank of ``group``; rank r uses ``problem.batch(r, step)``.
 
     Args:
         problem: what to train (same on every rank).
@@ -121,8 +120,8 @@ def local_sgd(
 ) -> TrainLog:
     """Local SGD: every rank steps on its own batches; average parameters every ``period`` steps.
 
-    Introduced in notebooks/08_sync_vs_async.ipynb. Rank 0 logs (and evaluates) one row per
-    averaging round; ``averaged`` keeps each rank's parameters right after every round.
+    Rank 0 logs (and evaluates) one row per averaging round; ``averaged`` keeps each rank's
+    parameters right after every round.
 
     Args:
         problem: what to train (same on every rank).

@@ -1,6 +1,6 @@
 """Profiling a distributed step, and speedups measured against a baseline in the same run.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 Inside each rank (a function run by ``lk.launch``)::
 
@@ -15,7 +15,9 @@ In the notebook::
     print(table.format())
 
 ``measure_speedups`` (run on every rank) times a baseline and its variants in interleaved
-rounds. Importing this package imports torch only when a profile is taken.
+rounds. ``saved_tensors`` (notebooks 15–16) records what autograd keeps for backward,
+``largest_tensor`` (notebook 16) the largest tensor a block of code makes.
+Importing this package imports torch only when a profile is taken.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from labkit.profile.gpu_memory import (
     cuda_memory,
     cuda_tensor_bytes,
 )
+from labkit.profile.largest import LargestTensor, largest_tensor
 from labkit.profile.profiler import (
     CommComputeRow,
     OpRow,
@@ -36,6 +39,7 @@ from labkit.profile.profiler import (
     profile_steps,
     trace_spans,
 )
+from labkit.profile.saved import SavedTensor, SavedTensors, saved_tensors
 from labkit.profile.speedup import SpeedupRow, SpeedupTable, amdahl_speedup, measure_speedups
 from labkit.profile.streams import (
     KernelSpan,
@@ -53,9 +57,12 @@ __all__ = [
     "CommComputeRow",
     "CudaMemory",
     "KernelSpan",
+    "LargestTensor",
     "NcclOverlap",
     "OpRow",
     "RankProfile",
+    "SavedTensor",
+    "SavedTensors",
     "SpeedupRow",
     "SpeedupTable",
     "ThreadSplit",
@@ -69,10 +76,12 @@ __all__ = [
     "gpu_kernels",
     "is_comm_op",
     "is_nccl_kernel",
+    "largest_tensor",
     "measure_speedups",
     "merge_traces",
     "nccl_overlap",
     "profile_steps",
+    "saved_tensors",
     "self_times",
     "trace_spans",
 ]

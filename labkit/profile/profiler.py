@@ -1,6 +1,6 @@
 """torch.profiler over a few training steps on every rank: traces, top ops, comm vs compute.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 ``profile_steps(step, trace_dir)`` runs inside a rank (a function ``lk.launch`` runs). It calls
 ``step()`` under ``torch.profiler.profile`` with the schedule ``wait, warmup, active``

@@ -1,6 +1,6 @@
 """Measured speedups: a baseline and its variants timed in the same run, interleaved.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 On a shared machine the load drifts during a run, so a variant timed ten minutes after its
 baseline can look faster or slower for reasons of its own. ``measure_speedups`` times every

@@ -1,6 +1,6 @@
 """Where a profiler trace ran its collectives: CPU threads, CUDA streams, and their overlap.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 A trace from ``torch.profiler`` (``export_chrome_trace``) places every CPU event on the thread
 that ran it (``pid``, ``tid``, with ``thread_name`` metadata) and, with

@@ -1,6 +1,6 @@
 """torch.profiler's Chrome-trace files: check one, merge every rank's, self time from events.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 A file from ``prof.export_chrome_trace`` follows the Trace Event Format (Google, "Trace
 Event Format": ``traceEvents`` with ``ph``, ``ts`` and ``dur`` in µs, ``pid``/``tid``) with

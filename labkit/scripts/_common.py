@@ -1,6 +1,6 @@
 """What every lab script shares: torchrun's environment, the process group, checksums, exit.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (the scripts run under ``torchrun``).
+Introduced in notebooks/19_fault_tolerance.ipynb (the scripts run under ``torchrun``).
 
 torchrun (``torch.distributed.run``) starts one process per local rank and sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` (from the rendezvous) and,

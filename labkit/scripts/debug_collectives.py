@@ -1,6 +1,6 @@
 """Collectives that go wrong on purpose, to read what the debug switches report.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (section 5, debugging a distributed job).
+Introduced in notebooks/19_fault_tolerance.ipynb (section 5, debugging a distributed job).
 
 ``--mismatch none`` runs one correct all-reduce (with ``NCCL_DEBUG=INFO`` on GPUs it shows
 NCCL setting up its communicator); ``shape``: rank 0 all-reduces 3 elements, the others 4;

@@ -2,7 +2,7 @@
 
 Introduced in notebooks/06_data_parallel.ipynb (the data-parallel lab as a script); the
 options of notebooks/09_accumulation_and_precision.ipynb (``--accum-steps``, ``--clip``,
-``--precision``) and notebooks/16_performance_tuning.ipynb (``--profile``) run here too.
+``--precision``) and notebooks/20_performance_tuning.ipynb (``--profile``) run here too.
 
 Every rank builds the same ``lk.models.MLP`` (seeded), trains on its shard of
 ``lk.data.digits("train")`` (a seeded ``DistributedSampler``) with SGD, and gradients are
@@ -41,7 +41,7 @@ clipping and skips a step whose gradients overflowed (``lk.precision``)::
     torchrun --standalone --nproc-per-node 2 -m labkit.scripts.train_ddp --steps 20 \\
         --accum-steps 4 --clip 1.0 --precision fp16
 
-Notebook 16, profiling the DDP step (``lk.profile.profile_steps``): steps 1-5 of the run
+Notebook 20, profiling the DDP step (``lk.profile.profile_steps``): steps 1-5 of the run
 go through torch.profiler (skip 1, warm up 1, record 3); every rank writes its Chrome
 trace to ``DIR/rank{r}.json`` (open it in https://ui.perfetto.dev) and rank 0 prints its
 step time, compute and communication, and its top ops. The profiled steps are training

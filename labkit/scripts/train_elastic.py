@@ -1,6 +1,6 @@
 """Elastic data-parallel training that survives a killed worker: checkpoint, restart, resume.
 
-Introduced in notebooks/15_fault_tolerance.ipynb (torchrun elastic restarts).
+Introduced in notebooks/19_fault_tolerance.ipynb (torchrun elastic restarts).
 
 ``train_ddp`` plus fault tolerance: every ``--every`` steps all ranks save their full
 training state (model, optimizer, LR schedule, sampler position, RNGs) with

@@ -1,19 +1,24 @@
 """TinyGPT on the character corpus under a strategy of the course, launched by torchrun.
 
-Introduced in notebooks/17_capstone.ipynb (the capstone as a script); it runs the labs of
+Introduced in notebooks/21_capstone.ipynb (the capstone as a script); it runs the labs of
 notebooks/11_pipeline_parallel.ipynb (``pp``), 12 (``tp``), 13 (``zero1``, ``zero2``,
-``zero3``, ``fsdp``), 14 (``dp_tp``, ``dp_pp``) and 17 (any of them, and ``dp``).
+``zero3``, ``fsdp``), 14 (``dp_tp``, ``fsdp_tp``, ``dp_pp``) and 17 (any of them, ``dp``
+and ``dp_pp_tp``).
 
 Every rank runs ``lk.capstone.train_rank`` with ``Strategy.parse(--strategy, WORLD_SIZE)``
-inside the process group torchrun set up: the same TinyGPT (seeded), the same global batch
-per step (``--batch-size`` sequences per data-parallel replica, so ``batch-size · dp`` in
-all), Adam. Rank 0 prints the loss of every step and the throughput in tokens per second
-(of the slowest rank), every rank prints the bytes of parameters, gradients and optimizer
-states it holds, and all ranks print one checksum of the full final parameters (gathered
-from the shards as the capstone gathers them; rank 0 shares them with the others). The
-capstone trains on CPU tensors, so the backend is gloo unless ``--backend`` says otherwise.
-A strategy the world size or the model cannot take (``dp_tp`` on 2 ranks, ``tp`` on 3
-with 4 heads) stops every rank before the process group starts, with the arithmetic.
+inside the process group torchrun set up, so the model is composed by the same
+``labkit.parallel.compose`` chain as in the notebooks (rank 0 prints it): the same TinyGPT
+(seeded), the same global batch per step (``--batch-size`` sequences per data-parallel
+replica, so ``batch-size · dp`` in all), Adam, and the capstone's recipe (``--microbatches``,
+``--precision``, ``--max-norm``, ``--warmup-steps``, ``--decay``, ``--ckpt-dir`` with
+``--ckpt-at`` or ``--resume``). Rank 0 prints the loss of every step and the throughput in
+tokens per second (of the slowest rank), every rank prints the bytes of parameters,
+gradients and optimizer states it holds, and all ranks print one checksum of the full final
+parameters (gathered from the shards as the capstone gathers them; rank 0 shares them with
+the others). Tensors live on the rank's device (``labkit.launcher.device_rule``: a GPU per
+rank with NCCL when there are enough, else the CPU with gloo). A strategy the world size or
+the model cannot take (``dp_tp`` on 2 ranks, ``tp`` on 3 with 4 heads) stops every rank
+before the process group starts, with the arithmetic.
 
 One node, 2 processes, tensor parallelism::
 
@@ -63,9 +68,19 @@ def _parser() -> argparse.ArgumentParser:
         default=16,
         help="sequences per data-parallel replica per step (global batch: this × dp)",
     )
-    p.add_argument("--backend", default="auto", help='"auto" is gloo: the capstone is on CPU')
+    p.add_argument("--backend", default="auto", help='"auto": NCCL with a GPU per rank, else gloo')
     p.add_argument("--strategy", choices=sorted(NAMES), default="dp", help="see Strategy")
-    p.add_argument("--microbatches", type=int, default=4, help="micro-batches (pp, dp_pp)")
+    p.add_argument(
+        "--microbatches", type=int, default=None,
+        help="micro-batches per step: a pipeline's (default 4), else accumulation (default 1)",
+    )  # fmt: skip
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="autocast")
+    p.add_argument("--max-norm", type=float, default=None, help="clip the global grad norm")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps")
+    p.add_argument("--decay", choices=("constant", "cosine"), default="constant", help="lr decay")
+    p.add_argument("--ckpt-dir", default=None, help="DCP checkpoints go here")
+    p.add_argument("--ckpt-at", type=int, default=None, help="checkpoint after this many steps")
+    p.add_argument("--resume", action="store_true", help="start from the newest checkpoint")
     p.add_argument("--dim", type=int, default=64, help="model width")
     p.add_argument("--n-layers", type=int, default=4, help="transformer blocks")
     p.add_argument("--n-heads", type=int, default=4, help="attention heads")
@@ -102,6 +117,13 @@ def plan(args, world_size: int) -> tuple[Strategy, RunConfig]:
         eval_every=args.eval_every,
         val_batch=batch,
         timeout_s=args.timeout,
+        precision=args.precision,
+        max_norm=args.max_norm,
+        warmup_steps=args.warmup_steps,
+        decay=args.decay,
+        ckpt_dir=args.ckpt_dir,
+        ckpt_at=args.ckpt_at,
+        resume=args.resume,
     )
     config.check(strategy)
     return strategy, config
@@ -118,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = _parser()
     args = p.parse_args(argv)
-    if args.backend == "auto":
-        args.backend = "gloo"  # the capstone's setups keep every tensor on the CPU
     # Checked before the process group starts: every rank stops at once, nothing waits.
     try:
         strategy, config = plan(args, int(os.environ.get("WORLD_SIZE", "1")))
@@ -130,16 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     if r == 0:
         print(f"[rank 0] {strategy.name}: {strategy.label} on {env.world_size} ranks", flush=True)
     result = train_rank(r, env.world_size, strategy, config)
+    if r == 0:
+        print("[rank 0] composed as:", *result["chain"], sep="\n    ", flush=True)
     tokens = config.batch * config.seq_len
     if r == 0:
+        first = result["first_step"]  # 0, or the step a resumed run starts after
         for k, (loss, s) in enumerate(zip(result["losses"], result["step_s"], strict=True)):
-            print(f"[rank 0] step {k + 1} loss {loss:.4f} ({s * 1e3:.1f} ms)", flush=True)
+            print(f"[rank 0] step {first + k + 1} loss {loss:.4f} ({s * 1e3:.1f} ms)", flush=True)
         val = ", ".join(
             f"{k}: {v:.4f}" for k, v in zip(result["val_steps"], result["val_losses"], strict=True)
         )
         print(f"[rank 0] validation loss by step {{{val}}}", flush=True)
         print(
-            f"[rank 0] {tokens * config.steps / sum(result['step_s']):.0f} tokens/s "
+            f"[rank 0] {tokens * len(result['step_s']) / sum(result['step_s']):.0f} tokens/s "
             f"({tokens} tokens per step)",
             flush=True,
         )
@@ -152,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     per_rank: list[dict | None] = [None] * env.world_size
     dist.all_gather_object(per_rank, b)
 
-    # The full parameters, gathered on rank 0, into one unsplit model on every rank.
-    model = build_model(config, char_corpus().vocab_size)
+    # The full parameters, gathered on rank 0, into one unsplit model on every rank (on the
+    # rank's device: under NCCL a broadcast carries device tensors only).
+    model = build_model(config, char_corpus().vocab_size).to(env.device)
     params = dict(model.named_parameters())
     if r == 0:
         full = result["full_state"]

@@ -1,6 +1,6 @@
 """Fault-tolerance figures: a run killed, resumed from its last checkpoint, and what was lost.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The planner's plans as bars: step time by part and memory per device by kind.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb.
+Introduced in notebooks/18_hybrid_parallel.ipynb.
 
 The numbers are ``labkit.planner.plan``'s (pure arithmetic), so drawing costs nothing.
 """

@@ -1,6 +1,6 @@
 """Figures for performance tuning: measured speedups against a baseline of the same run.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
 - ``speedup_bars``: one horizontal bar per change, its speedup (ratio of median times, the
   baseline's over the change's), a tick at its worst round, and a line at 1 (no change).

@@ -2,8 +2,9 @@
 
 Introduced in notebooks/11_pipeline_parallel.ipynb.
 
-``schedule_grid(schedule)``: ranks × time slots, forwards and backwards in two colours, each
-cell labelled with its action (``"2F0"``), bubbles left blank. ``schedule_vs_timeline``: that
+``schedule_grid(schedule)``: ranks × time slots, forwards and backwards in two colours (a
+zero-bubble schedule's weight gradients ``W`` in a third), each cell labelled with its action
+(``"2F0"``), bubbles left blank. ``schedule_vs_timeline``: that
 grid on the left and, on the right, the per-rank spans ``labkit.parallel.pipeline.run_schedule``
 recorded (``lk.trace.Timeline``), in the same colours, so the planned and the measured bubble
 can be compared by eye. Reads actions and spans by their attributes; imports no torch.
@@ -20,7 +21,7 @@ from matplotlib.patches import Patch
 
 __all__ = ["schedule_grid", "schedule_vs_timeline"]
 
-COLORS = {"F": "#4c72b0", "B": "#55a868", "comm": "#ff7f0e", "idle": "#eeeeee"}
+COLORS = {"F": "#4c72b0", "B": "#55a868", "W": "#8172b3", "comm": "#ff7f0e", "idle": "#eeeeee"}
 
 
 def _alpha(stage: int, n_ranks: int) -> float:
@@ -28,12 +29,18 @@ def _alpha(stage: int, n_ranks: int) -> float:
     return 1.0 if stage < n_ranks else 0.6
 
 
-def _legend(fig: Figure, comm: bool = False) -> None:
+def _splits(schedule: Sequence[Sequence[Any]]) -> bool:
+    return any(a is not None and a.op == "W" for row in schedule for a in row)
+
+
+def _legend(fig: Figure, comm: bool = False, split: bool = False) -> None:
     handles = [
         Patch(facecolor=COLORS["F"], label="forward"),
-        Patch(facecolor=COLORS["B"], label="backward"),
-        Patch(facecolor=COLORS["idle"], edgecolor="#bbbbbb", label="bubble (idle)"),
+        Patch(facecolor=COLORS["B"], label="backward (input grad)" if split else "backward"),
     ]
+    if split:
+        handles.append(Patch(facecolor=COLORS["W"], label="weight grad (W)"))
+    handles.append(Patch(facecolor=COLORS["idle"], edgecolor="#bbbbbb", label="bubble (idle)"))
     if comm:
         handles.append(Patch(facecolor=COLORS["comm"], label="waiting for a message"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
@@ -62,7 +69,7 @@ def _draw_grid(ax: Axes, schedule: Sequence[Sequence[Any]], labels: bool) -> Non
     ax.set_xlim(0, max(n_slots, 1))
     ax.set_ylim(n_ranks - 0.5, -0.5)
     ax.set_yticks(range(n_ranks), [f"rank {r}" for r in range(n_ranks)])
-    ax.set_xlabel("time slot (one forward or backward each)")
+    ax.set_xlabel("time slot (one action each)")
 
 
 def schedule_grid(
@@ -93,7 +100,7 @@ def schedule_grid(
     _draw_grid(ax, schedule, labels)
     idle = sum(a is None for row in schedule for a in row)
     ax.set_title(title or f"{len(schedule)} ranks, {n_slots} slots, {idle} idle rank-slots")
-    _legend(fig)
+    _legend(fig, split=_splits(schedule))
     return fig
 
 
@@ -141,5 +148,5 @@ def schedule_vs_timeline(
     right.set_title("measured (lk.trace spans)")
     if title:
         fig.suptitle(title)
-    _legend(fig, comm=True)
+    _legend(fig, comm=True, split=_splits(schedule))
     return fig

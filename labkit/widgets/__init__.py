@@ -4,7 +4,7 @@ Introduced in notebooks/03_allreduce_algorithms.ipynb (``ring_stepper``),
 notebooks/05_communication_cost.ipynb (``cost_explorer``),
 notebooks/11_pipeline_parallel.ipynb (``pipeline_explorer``),
 notebooks/13_zero_and_fsdp.ipynb (``zero_memory_explorer``) and
-notebooks/14_hybrid_parallel.ipynb (``planner_explorer``).
+notebooks/18_hybrid_parallel.ipynb (``planner_explorer``).
 
 ``lk.widgets.ring_stepper()`` returns an ipywidgets container to show in a cell; the explorer
 behind it (``box.explorer``, or the class itself, e.g. ``lk.widgets.RingStepper()``) has the

@@ -1,6 +1,6 @@
 """Explore parallelism plans: a model, devices and a network → every plan, best first.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb.
+Introduced in notebooks/18_hybrid_parallel.ipynb.
 
 The plans are ``labkit.planner.plan``'s (memory from ``labkit.memory``, times from
 ``labkit.costmodel``); ``lk.viz.plan_breakdown`` draws them and the text lists the best plans

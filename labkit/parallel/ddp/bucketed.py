@@ -1,6 +1,8 @@
 """``DataParallelBucketed``: size-capped buckets all-reduced during backward, and ``no_sync``.
 
-Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
+Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb; ``no_sync`` (gradient accumulation)
+and ``reduce_gradients`` come with notebooks/09_accumulation_and_precision.ipynb and
+notebooks/18_hybrid_parallel.ipynb (a pipeline stage's reduction).
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ class _Bucket:
 class DataParallelBucketed(nn.Module):
     """Data parallelism with gradient buckets reduced while backward is still running.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb. Implements the design of
-    Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel
-    Training" (§3.2.3 bucketing, overlap; §3.2.4 ``no_sync``).
+    Implements the design of Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data
+    Parallel Training" (§3.2.3 bucketing, overlap; §3.2.4 ``no_sync``).
 
     At construction the parameters and buffers are broadcast from the group's first rank
     and the parameters that require gradients are assigned to buckets (``assign_buckets``:
@@ -111,8 +112,8 @@ class DataParallelBucketed(nn.Module):
     def no_sync(self) -> Iterator[None]:
         """Inside this block backward only accumulates gradients locally; no communication.
 
-        Introduced in notebooks/09_accumulation_and_precision.ipynb. The first backward
-        after the block all-reduces the accumulated gradients (one round per k micro-steps).
+        The first backward after the block all-reduces the accumulated gradients (one round per k
+        micro-steps).
 
         Returns:
             A context manager.
@@ -122,6 +123,18 @@ class DataParallelBucketed(nn.Module):
             yield
         finally:
             self._sync = old
+
+    def reduce_gradients(self) -> None:
+        """All-reduce now, bucket by bucket, the gradients accumulated under ``no_sync()``.
+
+        For a model whose backward runs several times per step with no backward left to
+        trigger the reduction: a pipeline stage runs one backward per micro-batch inside the
+        schedule (``labkit.parallel.compose.PipelineStage``), all under ``no_sync()``, then
+        calls this once — one round of bucket all-reduces per step, as torch's pipelining
+        schedules hold DDP's reduction until the last micro-batch. A parameter without a
+        gradient contributes zeros, as in backward.
+        """
+        self._finish()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._in_backward:  # a backward that raised half-way: drop its state

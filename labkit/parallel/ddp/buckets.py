@@ -20,8 +20,6 @@ def assign_buckets(
 ) -> list[list[str]]:
     """Group the parameters that need gradients into buckets, in the order gradients arrive.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb.
-
     Backward produces gradients roughly in reverse order of the forward pass, which for
     most models is reverse registration order, so buckets are filled walking the
     parameters backwards (Li et al. 2020, §3.2.3; ``torch.nn.parallel.DistributedDataParallel``

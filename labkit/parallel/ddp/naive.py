@@ -1,6 +1,7 @@
 """``DataParallelNaive``: one all-reduce per parameter after backward.
 
-Introduced in notebooks/06_data_parallel.ipynb.
+Introduced in notebooks/06_data_parallel.ipynb; ``queue_at_end_of_backward`` is
+notebooks/07_ddp_buckets_and_overlap.ipynb's (the bucketed DDP finishes its reduction with it).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ __all__ = ["DataParallelNaive", "broadcast_state", "queue_at_end_of_backward"]
 def broadcast_state(module: nn.Module, group: dist.ProcessGroup | None = None) -> None:
     """Copy ``module``'s parameters and buffers from the group's first rank to every rank.
 
-    Introduced in notebooks/06_data_parallel.ipynb. DDP does the same at construction
-    (Li et al. 2020, §3.2.1), so replicas start identical even if their seeds differed.
+    DDP does the same at construction (Li et al. 2020, §3.2.1), so replicas start identical even if
+    their seeds differed.
 
     Args:
         module: the replica on this rank; its tensors are overwritten in place.
@@ -37,9 +38,8 @@ def broadcast_state(module: nn.Module, group: dist.ProcessGroup | None = None) -
 def queue_at_end_of_backward(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the autograd engine has finished the current backward pass.
 
-    Introduced in notebooks/07_ddp_buckets_and_overlap.ipynb. Must be called while a
-    backward pass runs (e.g. from a gradient hook); this is how PyTorch's own FSDP and DDP
-    (``Reducer::autograd_hook`` → ``queue_callback``) finish their communication before
+    Must be called while a backward pass runs (e.g. from a gradient hook); this is how PyTorch's own
+    FSDP and DDP (``Reducer::autograd_hook`` → ``queue_callback``) finish their communication before
     ``backward()`` returns, so the caller needs no extra call.
 
     Args:
@@ -53,8 +53,6 @@ def queue_at_end_of_backward(callback: Callable[[], None]) -> None:
 
 class DataParallelNaive(nn.Module):
     """Data parallelism in its simplest form: average each gradient with its own all-reduce.
-
-    Introduced in notebooks/06_data_parallel.ipynb.
 
     At construction the parameters and buffers are broadcast from the group's first rank.
     Each parameter that requires a gradient gets a post-accumulate-grad hook; the first hook

@@ -14,8 +14,6 @@ __all__ = ["idle_fraction_theory", "idle_fractions"]
 def idle_fractions(timeline: Any) -> list[float]:
     """Per rank, the share of the step it did not compute: 1 − forward and backward time / step.
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     Reads the spans ``ModelSplit`` records (those with an ``"op"`` argument) from a
     ``lk.trace.Timeline``; the step runs from the first such span's start to the last one's
     end on any rank. Waiting in a receive counts as idle. Their mean is
@@ -42,8 +40,6 @@ def idle_fractions(timeline: Any) -> list[float]:
 
 def idle_fraction_theory(stage_times: Sequence[float]) -> list[float]:
     """Each rank's idle share when stages run one after the other: ``1 − t_r / Σ t``.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     With equal stages that is ``(p − 1)/p`` for every rank — GPipe's bubble
     ``(p − 1)/(m + p − 1)`` with one micro-batch (Huang et al. 2019, §2.3).

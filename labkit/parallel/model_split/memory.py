@@ -23,8 +23,6 @@ def activation_bytes_model(
 ) -> int:
     """Activation bytes a stage of Linear / ReLU / ComputeDelay layers keeps for its backward.
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     The rule autograd follows: a ``Linear`` keeps its input, a ``ReLU`` its output, an
     identity (``ComputeDelay``) nothing new; the stage keeps its own input and output too.
     A tensor kept twice counts once.
@@ -63,10 +61,7 @@ def activation_bytes_model(
 
 @dataclass(frozen=True)
 class StageMemory:
-    """Bytes one stage holds: parameters, gradients, optimizer states, activations.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
-    """
+    """Bytes one stage holds: parameters, gradients, optimizer states, activations."""
 
     params_bytes: float
     grads_bytes: float
@@ -86,8 +81,6 @@ def measure_stage_memory(
     stage: nn.Module, optimizer: torch.optim.Optimizer | None, activation_bytes: int
 ) -> StageMemory:
     """Count the bytes of the tensors a stage holds after a step.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         stage: the stage (its parameters and their ``.grad``).
@@ -112,8 +105,6 @@ def stage_memory_model(
     stage: nn.Sequential, batch_size: int, *, bytes_per_element: int = 4, optimizer_bytes: int = 8
 ) -> StageMemory:
     """The memory model of a stage: ``lk.memory`` for model states, a layer rule for activations.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Model states are ZeRO's stage-0 arithmetic on one device (Rajbhandari et al. 2020, §5)
     with fp32 parameters and gradients and K = ``optimizer_bytes`` (8: Adam's two fp32

@@ -32,8 +32,6 @@ def split_model(
 ) -> list[nn.Sequential]:
     """Cut ``model`` into ``n_stages`` consecutive stages, evenly or at the given boundaries.
 
-    Introduced in notebooks/10_model_parallel.ipynb.
-
     Args:
         model: the layers, in order.
         n_stages: how many stages (= ranks).
@@ -72,8 +70,6 @@ class StepResult:
 
 class ModelSplit:
     """This rank's stage of a model split across the ranks of ``group``: forward, backward, step.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         stage: this rank's layers (rank ``r`` of ``group`` runs stage ``r``).

@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from labkit.launcher._context import backend_for
+from labkit.launcher import backend_for
 
 __all__ = ["Exchange", "warm_up"]
 
@@ -31,8 +31,6 @@ _warm: set[str] = set()  # names of the NCCL groups that have run their first co
 
 def warm_up(group: dist.ProcessGroup | None, device: torch.device) -> None:
     """Before the first batch of p2p on an NCCL group: one all_reduce that every rank joins.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     ``dist.batch_isend_irecv``'s documentation: "if this API is the first collective call in
     the group passed to dist.P2POp, all ranks of the group must participate in this API
@@ -54,8 +52,6 @@ def warm_up(group: dist.ProcessGroup | None, device: torch.device) -> None:
 
 class Exchange:
     """The p2p of one rank: each step's sends and receives issued as one batch.
-
-    Introduced in notebooks/10_model_parallel.ipynb.
 
     Args:
         group: the stages' group (None: the default group); peers are its ranks.

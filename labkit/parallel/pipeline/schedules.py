@@ -9,6 +9,11 @@ ranks, ``None`` for an idle slot (a bubble). ``Action(stage, op, microbatch)`` p
 rank ``s % n_ranks``, so with ``v`` virtual stages per rank, rank ``r`` holds stages
 ``r, r + p, …, r + (v−1)p`` (Narayanan et al. 2021, §2.2).
 
+A zero-bubble schedule (Qi et al. 2023) splits each backward in two: ``B`` then computes only
+the input's gradient and a new op, ``W``, the weights' gradients, later. A schedule either has
+a ``W`` for every backward (``splits_backward``) or none; the existing schedules have none, and
+their ``B`` is the whole backward.
+
 Time model: every action takes one slot, a backward as long as a forward (B = F). Each
 generator lists every rank's actions in the order that rank runs them, and ``place`` puts
 each action in the first slot where its rank is free and its inputs exist (the previous
@@ -20,6 +25,7 @@ This module imports no torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,21 +38,22 @@ __all__ = [
     "one_f_one_b",
     "place",
     "rank_of_stage",
+    "splits_backward",
 ]
 
-Op = Literal["F", "B"]
-OPS: tuple[str, ...] = ("F", "B")
+Op = Literal["F", "B", "W"]
+OPS: tuple[str, ...] = ("F", "B", "W")
 
 
 @dataclass(frozen=True, order=True)
 class Action:
     """One unit of pipeline work: a forward or backward of one micro-batch on one stage.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Attributes:
         stage: the pipeline stage (0 … n_stages − 1).
-        op: ``"F"`` (forward) or ``"B"`` (backward, input and weight gradients together).
+        op: ``"F"`` (forward); ``"B"`` (backward: input and weight gradients together, or the
+            input gradient only in a schedule with ``W`` actions); ``"W"`` (weight gradients,
+            Qi et al. 2023's W pass; torch's ``pipelining`` calls our split ``B`` ``"I"``).
         microbatch: the micro-batch index (0 … n_microbatches − 1).
     """
 
@@ -64,8 +71,6 @@ Schedule = list[list[Action | None]]
 def rank_of_stage(stage: int, n_ranks: int) -> int:
     """The rank that holds ``stage`` under round-robin placement (stage ``s`` → ``s % p``).
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     Args:
         stage: the pipeline stage.
         n_ranks: pipeline ranks ``p``.
@@ -81,8 +86,22 @@ def rank_of_stage(stage: int, n_ranks: int) -> int:
     return stage % n_ranks
 
 
+def splits_backward(schedule: Sequence[Sequence[Action | None]]) -> bool:
+    """Whether the schedule has ``W`` actions, so that its ``B`` is the input gradient only.
+
+    Args:
+        schedule: per rank, the actions (``None`` entries are skipped).
+
+    Returns:
+        bool: True when any action's op is ``"W"``.
+    """
+    return any(a is not None and a.op == "W" for row in schedule for a in row)
+
+
 def _needs(a: Action, n_stages: int) -> list[Action]:
     """The actions whose results ``a`` consumes (on whichever rank they run)."""
+    if a.op == "W":  # the gradient B received and the activations F kept, on this rank
+        return [Action(a.stage, "B", a.microbatch)]
     if a.op == "F":
         return [Action(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
     needs = [Action(a.stage, "F", a.microbatch)]
@@ -94,11 +113,9 @@ def _needs(a: Action, n_stages: int) -> list[Action]:
 def place(orders: list[list[Action]], n_stages: int) -> Schedule:
     """Put each rank's ordered actions into aligned time slots, each as early as it can run.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     An action runs in slot ``t`` when it is next in its rank's order and everything it needs
-    (``F`` of the previous stage; ``F`` of its own stage and ``B`` of the next for a ``B``)
-    ran in a slot before ``t``. Unit time per action (B = F).
+    (``F`` of the previous stage; ``F`` of its own stage and ``B`` of the next for a ``B``;
+    its own ``B`` for a ``W``) ran in a slot before ``t``. Unit time per action (B = F = W).
 
     Args:
         orders: per rank, the actions in the order that rank runs them.
@@ -144,8 +161,6 @@ def _check(n_ranks: int, n_microbatches: int) -> None:
 def gpipe(n_stages: int, n_microbatches: int) -> Schedule:
     """GPipe: every micro-batch forward through all stages, then every backward.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     One stage per rank. Huang et al. 2019 (GPipe), §2.3: with ``p`` stages and ``m``
     micro-batches the bubble is ``(p − 1)/(m + p − 1)`` of the time, and every stage holds
     the activations of all ``m`` micro-batches before its first backward.
@@ -171,8 +186,6 @@ def gpipe(n_stages: int, n_microbatches: int) -> Schedule:
 
 def one_f_one_b(n_stages: int, n_microbatches: int) -> Schedule:
     """1F1B (PipeDream-Flush): a few warm-up forwards, then alternate one forward, one backward.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Rank ``r`` of ``p`` runs ``min(p − 1 − r, m)`` warm-up forwards, then one forward and
     one backward in turn, then the remaining backwards (Narayanan et al. 2021, §2.1, Fig. 4).
@@ -204,8 +217,6 @@ def one_f_one_b(n_stages: int, n_microbatches: int) -> Schedule:
 
 def interleaved_one_f_one_b(n_ranks: int, n_microbatches: int, n_virtual: int) -> Schedule:
     """Interleaved 1F1B: ``v`` virtual stages per rank, micro-batches in groups of ``p``.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     ``p·v`` stages; rank ``r`` holds stages ``r, r + p, …``. Each rank runs the order of
     Megatron-LM's interleaved schedule (Narayanan et al. 2021, §2.2): its k-th forward is
@@ -252,8 +263,6 @@ def interleaved_one_f_one_b(n_ranks: int, n_microbatches: int, n_virtual: int) -
 
 def format_schedule(schedule: Schedule, width: int = 4) -> str:
     """The schedule as a text grid: one row per rank, one column per slot, ``.`` when idle.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     Args:
         schedule: per rank, one entry per slot.

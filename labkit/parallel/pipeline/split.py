@@ -21,8 +21,6 @@ __all__ = ["output_shapes", "split_sequential"]
 def split_sequential(model: nn.Sequential, n_stages: int) -> list[nn.Sequential]:
     """Cut ``model`` into ``n_stages`` runs of consecutive layers, as equal in count as possible.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
     GPipe (Huang et al. 2019, §2.1) partitions a sequence of layers into consecutive cells;
     here the first ``len(model) % n_stages`` stages get one layer more.
 
@@ -51,8 +49,6 @@ def split_sequential(model: nn.Sequential, n_stages: int) -> list[nn.Sequential]
 
 def output_shapes(stages: Sequence[nn.Module], example: torch.Tensor) -> list[tuple[int, ...]]:
     """Each stage's output shape for one micro-batch, by running ``example`` through them all.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
 
     The runtime needs them to allocate receive buffers (send/recv move raw tensors, no
     shapes), as ``torch.distributed.pipelining.PipelineStage`` infers them with ``input_args``.

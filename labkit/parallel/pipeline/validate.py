@@ -6,14 +6,17 @@ Introduced in notebooks/11_pipeline_parallel.ipynb.
 the slot and the rule broken. The rules, in the order they are checked:
 
 1. ``one-per-slot``: a slot holds ``None`` or one ``Action`` (a rank does one thing at a time).
-2. ``known-action``: op is ``"F"`` or ``"B"``, stage and micro-batch in range.
+2. ``known-action``: op is ``"F"``, ``"B"`` or ``"W"``, stage and micro-batch in range.
 3. ``placement``: stage ``s`` runs on rank ``s % n_ranks`` (where its weights live).
-4. ``exactly-once``: no action appears twice, none is missing.
+4. ``exactly-once``: no action appears twice, none is missing — in a schedule with ``W``
+   actions (a split backward, ``splits_backward``) every micro-batch's stage needs its ``W``.
 5. ``stage-order``: ``F`` of stage ``s`` comes after ``F`` of stage ``s − 1`` (its input),
    and ``B`` of stage ``s`` after ``B`` of stage ``s + 1`` (its output's gradient), each in an
    earlier slot, because the result travels from another rank.
 6. ``forward-before-backward``: on each stage, micro-batch i's ``F`` is in an earlier slot
    than its ``B`` (the backward needs the stored activations).
+7. ``weight-after-backward``: on each stage, micro-batch i's ``W`` is in a later slot than its
+   ``B`` (Qi et al. 2023, §2: W needs the output's gradient that B received and used).
 
 torch's ``distributed/pipelining`` checks the same with private helpers in its tests
 (``test_schedule.py``); this module imports no torch.
@@ -24,16 +27,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from labkit.parallel.pipeline.schedules import OPS, Action
+from labkit.parallel.pipeline.schedules import OPS, Action, splits_backward
 
 __all__ = ["ScheduleError", "validate"]
 
 
 class ScheduleError(ValueError):
-    """A schedule breaks a rule; ``rule``, ``rank`` and ``slot`` say which and where.
-
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-    """
+    """A schedule breaks a rule; ``rule``, ``rank`` and ``slot`` say which and where."""
 
     def __init__(self, rule: str, message: str, rank: int | None = None, slot: int | None = None):
         where = "" if rank is None else f"rank {rank}, slot {slot}: "
@@ -52,7 +52,7 @@ def _check_entry(
     if not isinstance(entry, Action):
         raise ScheduleError("known-action", f"{entry!r} is neither an Action nor None", r, t)
     if entry.op not in OPS:
-        raise ScheduleError("known-action", f"op {entry.op!r} of {entry} is not F or B", r, t)
+        raise ScheduleError("known-action", f"op {entry.op!r} of {entry} is not F, B or W", r, t)
     if not 0 <= entry.stage < n_stages or not 0 <= entry.microbatch < n_microbatches:
         raise ScheduleError(
             "known-action",
@@ -75,10 +75,8 @@ def validate(
 ) -> dict[Action, tuple[int, int]]:
     """Check that a schedule can run and computes every gradient exactly once.
 
-    Introduced in notebooks/11_pipeline_parallel.ipynb.
-
-    The invariants of GPipe (Huang et al. 2019, §2.2) and 1F1B (Narayanan et al. 2021, §2):
-    see the module docstring for the six rules.
+    The invariants of GPipe (Huang et al. 2019, §2.2), 1F1B (Narayanan et al. 2021, §2) and
+    zero-bubble schedules (Qi et al. 2023, §2): see the module docstring for the seven rules.
 
     Args:
         schedule: per rank, one entry per slot (``Action`` or ``None``); rank ``r`` must hold
@@ -111,8 +109,9 @@ def validate(
                     "exactly-once", f"{a} appears twice (first at rank {r0}, slot {t0})", r, t
                 )
             where[a] = (r, t)
+    ops = OPS if splits_backward(schedule) else ("F", "B")
     for s in range(n_stages):
-        for op in OPS:
+        for op in ops:
             for i in range(n_microbatches):
                 a = Action(s, op, i)  # type: ignore[arg-type]
                 if a not in where:
@@ -126,6 +125,15 @@ def validate(
                 raise ScheduleError(
                     "stage-order",
                     f"{a} needs the output of {before}, which runs in slot {where[before][1]}",
+                    r,
+                    t,
+                )
+        if a.op == "W":
+            bwd = Action(a.stage, "B", a.microbatch)
+            if where[bwd][1] >= t:
+                raise ScheduleError(
+                    "weight-after-backward",
+                    f"{a} needs the gradient {bwd} received, which runs in slot {where[bwd][1]}",
                     r,
                     t,
                 )

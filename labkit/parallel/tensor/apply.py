@@ -33,8 +33,7 @@ def apply_tensor_parallel(
 ) -> nn.Module:
     """Replace each ``nn.Linear`` named in ``plan`` by its column- or row-parallel shard, in place.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Megatron-LM, Shoeybi et al. 2019, §3;
-    plan spelling of DTensor's ``parallelize_module``).
+    Megatron-LM (Shoeybi et al. 2019, §3), the plan spelled as DTensor's ``parallelize_module``'s.
 
     Args:
         model: the unsplit model, the same on every rank of ``group`` (same seed).
@@ -67,8 +66,8 @@ def apply_tensor_parallel(
 def matching_slices(tp_model: nn.Module, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """For each parameter of a tensor-parallel model, the slice of the unsplit tensor it holds.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb: pass the unsplit model's parameters
-    (``dict(model.named_parameters())``) or gradients to compare every shard with them.
+    Pass the unsplit model's parameters (``dict(model.named_parameters())``) or gradients to
+    compare every shard with them.
 
     Args:
         tp_model: the model after :func:`apply_tensor_parallel` (same parameter names).

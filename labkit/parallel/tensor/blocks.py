@@ -38,8 +38,6 @@ _ALL_REDUCES = {"mlp": (1, 1), "attention": (1, 3), "block": (2, 4)}
 def block_plan(attn: str = "attn", mlp: str = "mlp") -> dict[str, str]:
     """The plan of a whole ``TransformerBlock``: its attention's and its MLP's, prefixed.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb.
-
     Args:
         attn: name of the attention submodule.
         mlp: name of the MLP submodule.
@@ -54,7 +52,7 @@ def block_plan(attn: str = "attn", mlp: str = "mlp") -> dict[str, str]:
 def parallelize_mlp(mlp: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
     """Make a ``FeedForward`` (``fc1`` → act → ``fc2``) tensor-parallel in place.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3, Figure 3a).
+    Shoeybi et al. 2019, §3, Figure 3a.
 
     Args:
         mlp: the unsplit MLP, same weights on every rank.
@@ -72,8 +70,8 @@ def parallelize_mlp(mlp: nn.Module, group: dist.ProcessGroup | None = None) -> n
 def parallelize_attention(attn: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
     """Split a ``SelfAttention``'s heads across the ranks of ``group``, in place.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3, Figure 3b:
-    each rank computes whole heads, so attention itself needs no communication).
+    Shoeybi et al. 2019, §3, Figure 3b: each rank computes whole heads, so attention itself
+    needs no communication.
 
     Args:
         attn: the unsplit attention (attributes ``n_heads``, ``q``, ``k``, ``v``, ``proj``).
@@ -94,9 +92,9 @@ def parallelize_attention(attn: nn.Module, group: dist.ProcessGroup | None = Non
 def all_reduces_per_step(block: str) -> tuple[int, int]:
     """All-reduces of one tensor-parallel block per forward and per backward.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3: "two all-reduce
-    operations in the forward path and two in the backward path" per transformer layer, with
-    fused QKV; our separate q, k, v add two in backward).
+    Shoeybi et al. 2019, §3: "two all-reduce operations in the forward path and two in the
+    backward path" per transformer layer, with fused QKV; our separate q, k, v add two in
+    backward.
 
     Each moves one activation of ``B·T·h`` elements (batch, sequence, model width).
 

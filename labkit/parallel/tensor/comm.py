@@ -106,7 +106,7 @@ class _SplitToParallel(torch.autograd.Function):
 def copy_to_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Megatron's ``f``: pass ``x`` on unchanged; all-reduce its gradient in backward.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3, Figure 3).
+    Shoeybi et al. 2019, §3, Figure 3.
 
     Args:
         x: a tensor replicated on every rank of ``group`` (the input of a column-parallel layer).
@@ -121,7 +121,7 @@ def copy_to_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None) ->
 def reduce_from_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Megatron's ``g``: all-reduce the ranks' partial sums in forward; identity in backward.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3, Figure 3).
+    Shoeybi et al. 2019, §3, Figure 3.
 
     Args:
         x: this rank's partial output (e.g. of a row-parallel layer).
@@ -136,8 +136,7 @@ def reduce_from_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None
 def gather_from_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Concatenate every rank's ``x`` along the last dimension; backward keeps this rank's slice.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (``gather_output=True`` of a
-    column-parallel layer).
+    What ``gather_output=True`` of a column-parallel layer does.
 
     Args:
         x: this rank's slice of the last dimension, same shape on every rank.
@@ -152,8 +151,7 @@ def gather_from_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None
 def split_to_parallel(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's equal slice of ``x``'s last dimension; backward all-gathers the gradient.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (``input_is_parallel=False`` of a
-    row-parallel layer).
+    What ``input_is_parallel=False`` of a row-parallel layer does.
 
     Args:
         x: a tensor replicated on every rank of ``group``.

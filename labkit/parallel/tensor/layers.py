@@ -37,8 +37,6 @@ __all__ = ["ColumnParallelLinear", "RowParallelLinear", "shard_range"]
 def shard_range(size: int, group: dist.ProcessGroup | None = None) -> slice:
     """This rank's slice of ``size`` items split into equal consecutive shards.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb.
-
     Args:
         size: the dimension to split (output features, input features, heads, ...).
         group: the tensor-parallel group (None: the default group).
@@ -59,8 +57,7 @@ def shard_range(size: int, group: dist.ProcessGroup | None = None) -> slice:
 class ColumnParallelLinear(nn.Module):
     """This rank's shard of ``linear``'s output features: ``Y_r = f(X) W_rᵀ + b_r``.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3, Figure 3a: the
-    first GEMM of the MLP, ``A = [A_1, A_2]``).
+    Shoeybi et al. 2019, §3, Figure 3a: the first GEMM of the MLP, ``A = [A_1, A_2]``.
 
     Args:
         linear: the unsplit layer; its weights are copied (sliced), it is left unchanged.
@@ -103,8 +100,8 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """This rank's shard of ``linear``'s input features: ``Y = g(X_r W_rᵀ) + b``.
 
-    Introduced in notebooks/12_tensor_parallel.ipynb (Shoeybi et al. 2019, §3, Figure 3a: the
-    second GEMM of the MLP, ``B = [B_1; B_2]``, followed by the all-reduce ``g``).
+    Shoeybi et al. 2019, §3, Figure 3a: the second GEMM of the MLP, ``B = [B_1; B_2]``,
+    followed by the all-reduce ``g``.
 
     Args:
         linear: the unsplit layer; its weights are copied (sliced), it is left unchanged.

@@ -62,7 +62,7 @@ def ZeroOptimizer(  # noqa: N802 - reads like the class it returns
 ) -> ZeroBase:
     """ZeRO stage ``stage`` over ``module``'s parameters, with Adam.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb (ZeRO, Rajbhandari et al. 2020, §5).
+    ZeRO, Rajbhandari et al. 2020, §5.
 
     Args:
         module: the model on this rank.

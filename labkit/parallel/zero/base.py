@@ -6,7 +6,8 @@ Introduced in notebooks/13_zero_and_fsdp.ipynb. Also ``GradientShards``, the par
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,6 @@ __all__ = ["GradientShards", "ZeroBase", "storage_bytes"]
 
 def storage_bytes(tensors: Iterable[torch.Tensor | None], seen: set[int] | None = None) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views of one buffer count once).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         tensors: tensors (``None`` entries are skipped).
@@ -63,8 +62,6 @@ class ZeroBase:
     rank (ranks start identical, as with DDP), builds ``torch.optim.Adam`` over this rank's
     shard parameters (``self.shards``, made by the subclass), and measures the bytes held.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank (hooks are added to it; no wrapper module).
         group: the data-parallel group (None: the default group).
@@ -85,6 +82,7 @@ class ZeroBase:
         self.module, self.group = module, group
         self.dp_world_size = dist.get_world_size(group)
         self.dp_rank = dist.get_rank(group)
+        self.sync = True  # False inside no_sync(): backward keeps full gradients, no collective
         broadcast_state(module, group)
         self.units: list[Unit] = find_units(module, self.dp_world_size)
         self.full_params = [p for u in self.units for p in u.params]
@@ -172,6 +170,33 @@ class ZeroBase:
         )
 
     # --- the training loop's calls ------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside this block backward only accumulates full gradients: no reduce-scatter.
+
+        Gradient accumulation (notebook 09's ``no_sync``, for ZeRO): the micro-batches before
+        the last keep their gradients in the full ``.grad`` of each parameter (stage 3 still
+        frees the gathered parameters), and the last backward, outside the block,
+        reduce-scatters what has accumulated: one reduce-scatter per unit per optimizer step.
+        Stage 1 reduces in ``step()`` anyway, so the block changes nothing there.
+
+        Returns:
+            A context manager.
+        """
+        old, self.sync = self.sync, False
+        try:
+            yield
+        finally:
+            self.sync = old
+
+    def reduce_gradients(self) -> None:
+        """Make this rank's shard gradients the average over ranks (before clipping them)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Adam on this rank's shards (and whatever the stage communicates around it)."""
+        raise NotImplementedError
+
     def zero_grad(self) -> None:
         """Zero the gradients this rank keeps (their buffers stay allocated)."""
         for s in self.shards:
@@ -198,8 +223,6 @@ class GradientShards:
     hook on each full parameter calls ``arrive(k)``; when the last gradient of unit ``k`` has
     arrived, ``reduce(k)`` reduce-scatters the unit's full gradients, adds this rank's
     averaged piece to ``shards[k]`` and drops the full gradients (``.grad = None``).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         zero: the stage that owns the shards (its units, group and ``observe``).

@@ -23,8 +23,6 @@ def all_gather_unit(
 ) -> list[torch.Tensor]:
     """Every parameter of ``unit`` in full, from each rank's packed shard (one all-gather).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         unit: the unit.
         shard: this rank's packed shard, 1-D of ``unit.shard_numel`` elements.
@@ -46,8 +44,6 @@ def reduce_scatter_unit(
     group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """This rank's piece of the average over ranks of ``unit``'s gradients (one reduce-scatter).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         unit: the unit.

@@ -5,6 +5,8 @@ Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -20,20 +22,21 @@ def _local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.to_local() if t is not None and hasattr(t, "to_local") else t
 
 
-def apply_fully_shard(module: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
+def apply_fully_shard(module: nn.Module, group: Any = None) -> nn.Module:
     """Shard ``module`` with FSDP2: one ``fully_shard`` group per unit, then the root.
 
     Each module with parameters of its own (``find_units``, the units of ``ZeroStage3``)
     becomes an FSDP2 group — all-gathered before its forward and backward, reduce-scattered
     after its backward — so the communication matches labkit's ZeRO-3. FSDP2 shards every
     parameter on dim 0 as a ``DTensor`` (``torch.distributed.fsdp.fully_shard``, PyTorch ≥
-    2.6; the design of Zhao et al. 2023, "PyTorch FSDP", VLDB, §3).
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
+    2.6; the design of Zhao et al. 2023, "PyTorch FSDP", VLDB, §3). A parameter that is
+    already a DTensor on a tp mesh (``parallelize_module``) becomes a 2-D DTensor, sharded
+    over dp and tp (torchtitan's FSDP2 × TP): pass the dp axis of the same 2-D mesh.
 
     Args:
         module: the model on this rank (sharded in place).
-        group: the data-parallel group (None: the default group).
+        group: the data-parallel ``DeviceMesh`` (1-D, e.g. ``mesh["dp"]``), or its
+            ``ProcessGroup`` (None: the default group).
 
     Returns:
         ``module`` (its class now also an ``FSDPModule``).
@@ -41,10 +44,12 @@ def apply_fully_shard(module: nn.Module, group: dist.ProcessGroup | None = None)
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    group = group if group is not None else dist.group.WORLD
-    device = next(module.parameters()).device.type
-    mesh = DeviceMesh.from_group(group, device)
-    for unit in find_units(module, dist.get_world_size(group)):
+    if isinstance(group, DeviceMesh):
+        mesh = group
+    else:
+        group = group if group is not None else dist.group.WORLD
+        mesh = DeviceMesh.from_group(group, next(module.parameters()).device.type)
+    for unit in find_units(module, mesh.size()):
         if unit.module is not module:
             fully_shard(unit.module, mesh=mesh)
     fully_shard(module, mesh=mesh)
@@ -53,8 +58,6 @@ def apply_fully_shard(module: nn.Module, group: dist.ProcessGroup | None = None)
 
 def fsdp_rank_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
     """Bytes one rank of an FSDP2 model holds at rest: local shards, their grads, Adam states.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         module: a model sharded with ``fully_shard``.

@@ -23,8 +23,6 @@ __all__ = ["Unit", "find_units", "shard_bounds", "shard_size"]
 def shard_size(numel: int, world_size: int) -> int:
     """Elements per rank of one parameter: ⌈numel / world_size⌉ (padding included).
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         numel: elements of the parameter.
         world_size: N_d, the data-parallel degree.
@@ -47,8 +45,6 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     ``end`` may pass ``numel``: the elements beyond it are padding (zeros), so every rank's
     shard has the same length, which ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
     need.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         numel: elements of the parameter.
@@ -126,8 +122,6 @@ class Unit:
 
 def find_units(module: nn.Module, world_size: int) -> list[Unit]:
     """Every module with trainable parameters of its own, in registration order.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         module: the model.

@@ -22,10 +22,8 @@ class ReplicatedParameters(ZeroBase):
     every parameter has a region padded to N_d·s elements (s = its shard size,
     ``shard_bounds``); the module's parameter and this rank's shard (the ``nn.Parameter``
     Adam updates) are views of it, so the shard costs no memory. After Adam has updated the
-    shards, ``_all_gather_parameters`` gathers them so every rank holds the new parameters
+    shards, ``all_gather_parameters`` gathers them so every rank holds the new parameters
     (one all-gather per unit). What the stages do with the gradients is their own.
-
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
 
     Args:
         as ``ZeroBase``.
@@ -74,8 +72,8 @@ class ReplicatedParameters(ZeroBase):
             i += len(unit.params)
         return out
 
-    def _all_gather_parameters(self) -> None:
-        """All-gather each unit's updated shards into the full parameters."""
+    def all_gather_parameters(self) -> None:
+        """All-gather each unit's shards into the full parameters (after Adam; after a load)."""
         with torch.no_grad():
             for unit, (a, b) in zip(self.units, self._shard_index(), strict=True):
                 packed = torch.cat([s.detach() for s in self.shards[a:b]])  # (S,)

@@ -31,8 +31,6 @@ class ZeroStage1(ReplicatedParameters):
     data parallelism's all-reduce. Per device: 2Ψ + 2Ψ + KΨ/N_d in the paper's
     mixed-precision units.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank (same on every rank after the initial broadcast).
         group: the data-parallel group (None: the default group).
@@ -49,6 +47,7 @@ class ZeroStage1(ReplicatedParameters):
     stage = 1
 
     def _shard(self) -> list[nn.Parameter]:
+        self._reduced = False
         shards = self._shard_parameters()
         self.grad_buffers: list[torch.Tensor] = []
         for unit, pbuf, (a, b) in zip(
@@ -64,13 +63,18 @@ class ZeroStage1(ReplicatedParameters):
     def _grad_tensors(self) -> list[torch.Tensor | None]:
         return [*self.grad_buffers, *(p.grad for p in self.full_params)]
 
-    def _reduce_gradients(self) -> None:
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
         """Reduce-scatter each unit's gradients: this rank's shard gets their average.
 
         ZeRO §7.2.1: P_os needs only the reduced gradient of the shard a rank updates, so a
         reduce-scatter ((N_d − 1)/N_d · Ψ sent per rank on a ring) replaces data
-        parallelism's all-reduce (twice that).
+        parallelism's all-reduce (twice that). ``step()`` calls it unless it ran already
+        this step (a caller clipping the reduced gradients calls it first).
         """
+        if self._reduced:
+            return
+        self._reduced = True
         nd = self.dp_world_size
         for unit, gbuf, (a, b) in zip(
             self.units, self.grad_buffers, self._shard_index(), strict=True
@@ -96,7 +100,8 @@ class ZeroStage1(ReplicatedParameters):
     @torch.no_grad()
     def step(self) -> None:
         """Reduce-scatter the gradients, update this rank's shard with Adam, all-gather it."""
-        self._reduce_gradients()
+        self.reduce_gradients()
         self.optimizer.step()
         self.observe()
-        self._all_gather_parameters()
+        self.all_gather_parameters()
+        self._reduced = False

@@ -26,8 +26,6 @@ class ZeroStage2(ReplicatedParameters):
     gradients. ``step()`` runs Adam on the shard and all-gathers the parameters (one per
     unit). Per device: 2Ψ + (2 + K)Ψ/N_d.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank.
         group: the data-parallel group (None: the default group).
@@ -52,7 +50,7 @@ class ZeroStage2(ReplicatedParameters):
 
     def _hook(self, k: int):
         def hook(p: torch.Tensor) -> None:
-            if self.gradients.arrive(k):
+            if self.gradients.arrive(k) and self.sync:  # under no_sync(): keep accumulating
                 self.gradients.reduce(k)
 
         return hook
@@ -64,10 +62,14 @@ class ZeroStage2(ReplicatedParameters):
         """Zero this rank's gradient shards."""
         self.gradients.zero_()
 
+    def reduce_gradients(self) -> None:
+        """Nothing left to do: backward reduce-scattered every unit (checked)."""
+        self.gradients.check_all_reduced()
+
     @torch.no_grad()
     def step(self) -> None:
         """Update this rank's shard with Adam (gradients already reduced), all-gather it."""
         self.gradients.check_all_reduced()
         self.optimizer.step()
         self.observe()
-        self._all_gather_parameters()
+        self.all_gather_parameters()

@@ -46,8 +46,6 @@ class ZeroStage3(ZeroBase):
     So a step all-gathers every unit twice (forward and backward) and reduce-scatters it once;
     ``step()`` is Adam on the shards alone, with no communication.
 
-    Introduced in notebooks/13_zero_and_fsdp.ipynb.
-
     Args:
         module: the model on this rank.
         group: the data-parallel group (None: the default group).
@@ -127,7 +125,8 @@ class ZeroStage3(ZeroBase):
     def _grad_hook(self, k: int):
         def hook(p: torch.Tensor) -> None:
             if self.gradients.arrive(k):
-                self.gradients.reduce(k)  # the full gradients are freed ...
+                if self.sync:  # under no_sync() the full gradients stay and accumulate
+                    self.gradients.reduce(k)  # the full gradients are freed ...
                 self._release(k)  # ... and so are the full parameters, until the next gather
 
         return hook
@@ -142,6 +141,10 @@ class ZeroStage3(ZeroBase):
     def zero_grad(self) -> None:
         """Zero this rank's gradient shards."""
         self.gradients.zero_()
+
+    def reduce_gradients(self) -> None:
+        """Nothing left to do: backward reduce-scattered every unit (checked)."""
+        self.gradients.check_all_reduced()
 
     @torch.no_grad()
     def step(self) -> None:

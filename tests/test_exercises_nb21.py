@@ -1,4 +1,4 @@
-"""Tests for labkit/exercises/nb17.py: the token-weighted average passes, known mistakes fail."""
+"""Tests for labkit/exercises/nb21.py: the token-weighted average passes, known mistakes fail."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import torch
 import torch.distributed as dist
 
 import labkit as lk
-from labkit.exercises import ExerciseFailed, nb17
+from labkit.exercises import ExerciseFailed, nb21
 
-NAME = "17_token_weighted_average"
+NAME = "21_token_weighted_average"
 
 
 def test_reference_passes_its_checker() -> None:
     ex = lk.exercises.get(NAME)
-    assert ex.reference is nb17.token_weighted_average
+    assert ex.reference is nb21.token_weighted_average
     detail = ex.checker(ex.reference)
     assert detail["world_sizes"] == [2, 3]
     assert detail["tokens"] == {2: [11, 7], 3: [11, 7, 13]}
@@ -81,7 +81,7 @@ def _reduce_to_rank_0(params, n_tokens, group=None):
 
 
 def _skips_vectors(params, n_tokens, group=None):
-    nb17.token_weighted_average([q for q in params if q.dim() > 1], n_tokens, group)
+    nb21.token_weighted_average([q for q in params if q.dim() > 1], n_tokens, group)
 
 
 def _drops_grads(params, n_tokens, group=None):

@@ -1,8 +1,8 @@
-"""Exercises of notebooks/16_performance_tuning.ipynb.
+"""Exercises of notebooks/20_performance_tuning.ipynb.
 
-Introduced in notebooks/16_performance_tuning.ipynb.
+Introduced in notebooks/20_performance_tuning.ipynb.
 
-``16_exposed_comm``: read a data-parallel step from its per-rank spans (``lk.trace.Span``:
+``20_exposed_comm``: read a data-parallel step from its per-rank spans (``lk.trace.Span``:
 rank, kind ``"compute"`` or ``"comm"``, start and end in ns on one clock, as
 ``lk.profile.trace_spans`` makes them from each rank's profiler trace). Return each rank's
 **exposed communication** — the time it communicates while it does not compute: the union of
@@ -72,7 +72,7 @@ CASES: tuple[tuple[tuple[tuple[str, float, float], ...], ...], ...] = (
 def exposed_comm(spans: Sequence[Span]) -> tuple[list[float], int]:
     """Each rank's exposed communication (ms) and the rank that computed longest.
 
-    Reference solution of exercise ``16_exposed_comm``: ``lk.trace.Timeline``'s per-rank
+    Reference solution of exercise ``20_exposed_comm``: ``lk.trace.Timeline``'s per-rank
     summary, ``comm_s - overlap_s``.
 
     Args:
@@ -159,7 +159,7 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-@exercise("16_exposed_comm", reference=exposed_comm, prompt=PROMPT)
+@exercise("20_exposed_comm", reference=exposed_comm, prompt=PROMPT)
 def check_exposed_comm(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check exposed communication per rank and the straggler on hand-made steps.
 

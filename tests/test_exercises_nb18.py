@@ -1,23 +1,23 @@
-"""Tests for labkit/exercises/nb14.py: the reference passes, wrong mesh groups fail."""
+"""Tests for labkit/exercises/nb18.py: the reference passes, wrong mesh groups fail."""
 
 from __future__ import annotations
 
 import pytest
 
 import labkit as lk
-from labkit.exercises import ExerciseFailed, nb14
+from labkit.exercises import ExerciseFailed, nb18
 
-NAME = "14_mesh_groups"
+NAME = "18_mesh_groups"
 
 
 def test_reference_passes_its_checker() -> None:
     ex = lk.exercises.get(NAME)
-    assert ex.reference is nb14.mesh_groups
-    assert ex.checker(ex.reference) == {"shapes": list(nb14.SHAPES), "axes": list(nb14.AXES)}
-    assert nb14.mesh_groups(2, 1, 2, "tp") == [[0, 1], [2, 3]]
-    assert nb14.mesh_groups(2, 1, 2, "dp") == [[0, 2], [1, 3]]
+    assert ex.reference is nb18.mesh_groups
+    assert ex.checker(ex.reference) == {"shapes": list(nb18.SHAPES), "axes": list(nb18.AXES)}
+    assert nb18.mesh_groups(2, 1, 2, "tp") == [[0, 1], [2, 3]]
+    assert nb18.mesh_groups(2, 1, 2, "dp") == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match="unknown axis"):
-        nb14.mesh_groups(2, 1, 2, "ep")
+        nb18.mesh_groups(2, 1, 2, "ep")
 
 
 def test_not_attempted_falls_back_to_the_reference(capsys) -> None:
@@ -52,11 +52,11 @@ def _consecutive(dp, pp, tp, axis):
 
 
 def _swapped_pp_tp(dp, pp, tp, axis):
-    return nb14.mesh_groups(dp, tp, pp, {"pp": "tp", "tp": "pp"}.get(axis, axis))
+    return nb18.mesh_groups(dp, tp, pp, {"pp": "tp", "tp": "pp"}.get(axis, axis))
 
 
 def _missing_ranks(dp, pp, tp, axis):
-    return nb14.mesh_groups(dp, pp, tp, axis)[:-1]
+    return nb18.mesh_groups(dp, pp, tp, axis)[:-1]
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,13 @@
-"""Tests for labkit/exercises/nb16.py: exposed communication per rank and the straggler."""
+"""Tests for labkit/exercises/nb20.py: exposed communication per rank and the straggler."""
 
 from __future__ import annotations
 
 import pytest
 
 import labkit as lk
-from labkit.exercises import ExerciseFailed, nb16
+from labkit.exercises import ExerciseFailed, nb20
 
-NAME = "16_exposed_comm"
+NAME = "20_exposed_comm"
 
 
 def _union(iv):
@@ -48,9 +48,9 @@ def _right(spans, r):
 
 def test_reference_passes_its_checker() -> None:
     ex = lk.exercises.get(NAME)
-    assert ex.reference is nb16.exposed_comm
+    assert ex.reference is nb20.exposed_comm
     detail = ex.checker(ex.reference)
-    assert detail["cases"] == len(nb16.CASES)
+    assert detail["cases"] == len(nb20.CASES)
     assert detail["answers"][0] == {"exposed_ms": [4.0, 1.0], "straggler": 1}
     assert detail["answers"][2] == {"exposed_ms": [4.0, 10.0, 1.0], "straggler": 2}
 
@@ -61,11 +61,11 @@ def test_a_hand_written_answer_passes(capsys) -> None:
 
 
 def test_the_reference_agrees_with_a_profiled_timeline() -> None:
-    spans = nb16.case_spans(nb16.CASES[0])
+    spans = nb20.case_spans(nb20.CASES[0])
     (r0, r1) = lk.trace.Timeline.merge(
         [[s for s in spans if s.rank == r] for r in (0, 1)]
     ).summary()
-    exposed, _ = nb16.exposed_comm(spans)
+    exposed, _ = nb20.exposed_comm(spans)
     assert exposed == pytest.approx([1e3 * (r.comm_s - r.overlap_s) for r in (r0, r1)])
 
 
@@ -100,7 +100,7 @@ def _hidden_by_any_rank(spans, r):
 
 
 def _nanoseconds(spans):
-    exposed, straggler = nb16.exposed_comm(spans)
+    exposed, straggler = nb20.exposed_comm(spans)
     return [1e6 * x for x in exposed], straggler
 
 
@@ -118,7 +118,7 @@ def _waits_longest(exposed, compute):
         (_nanoseconds, "return milliseconds"),
         (_answer(_right, _waits_longest), "that rank waits longest: it is the fastest"),
         (_answer(_right, lambda exposed, compute: 0), r"the straggler is rank 1 \(the most"),
-        (lambda spans: nb16.exposed_comm(spans)[0], r"return \(exposed_ms, straggler\)"),
+        (lambda spans: nb20.exposed_comm(spans)[0], r"return \(exposed_ms, straggler\)"),
         (lambda spans: ([1.0], 0), "one number per rank"),
         (lambda spans: spans[99], "raised IndexError"),
     ],

@@ -1,4 +1,4 @@
-"""Tests for labkit/exercises/nb15.py: the reference passes, wrong answers fail with a reason."""
+"""Tests for labkit/exercises/nb19.py: the reference passes, wrong answers fail with a reason."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import pytest
 
 import labkit as lk
-from labkit.exercises import ExerciseFailed, nb15
+from labkit.exercises import ExerciseFailed, nb19
 
-NAME = "15_atomic_write"
+NAME = "19_atomic_write"
 
 
 def check(fn) -> dict:
@@ -18,7 +18,7 @@ def check(fn) -> dict:
 
 def test_reference_passes_its_checker() -> None:
     ex = lk.exercises.get(NAME)
-    assert ex.reference is nb15.atomic_write
+    assert ex.reference is nb19.atomic_write
     assert check(ex.reference) == {"fsyncs_before_rename": 1, "dir_fsyncs_after_rename": 1}
 
 
@@ -67,8 +67,8 @@ def test_forgetting_the_directory_fsync_fails() -> None:
 
 def test_leftover_temporary_file_fails() -> None:
     def copies(path: str, data: bytes) -> None:
-        nb15.atomic_write(path + ".tmp2", data)
-        nb15.atomic_write(path, data)
+        nb19.atomic_write(path + ".tmp2", data)
+        nb19.atomic_write(path, data)
 
     with pytest.raises(ExerciseFailed, match="leftover files"):
         check(copies)

@@ -1,8 +1,8 @@
-"""Exercise of notebooks/17_capstone.ipynb.
+"""Exercise of notebooks/21_capstone.ipynb.
 
-Introduced in notebooks/17_capstone.ipynb.
+Introduced in notebooks/21_capstone.ipynb.
 
-``17_token_weighted_average``: the gradient all-reduce of the capstone's data parallelism when
+``21_token_weighted_average``: the gradient all-reduce of the capstone's data parallelism when
 the ranks hold different numbers of tokens. Each rank's loss is the mean cross-entropy over
 its own target tokens (padding ignored, ``ignore_index=-100``), so its gradient is
 ``g_r = (1/n_r) Σ_{its tokens} ∇ℓ``. The gradient of the mean loss over the whole batch is
@@ -53,7 +53,7 @@ def token_weighted_average(
 ) -> None:
     """Make every ``.grad`` the gradient of the mean loss over all ranks' tokens.
 
-    Reference solution of exercise ``17_token_weighted_average``: ``Σ_r n_r g_r / Σ_r n_r``
+    Reference solution of exercise ``21_token_weighted_average``: ``Σ_r n_r g_r / Σ_r n_r``
     with one all-reduce for the counts and one per parameter (a bucketed version flattens
     the gradients first, as DDP does).
 
@@ -178,7 +178,7 @@ def _compare(world_size: int, results: list[dict[str, Any]]) -> float:
     return max((plain[k] - want[k]).abs().max().item() for k in want)
 
 
-@exercise("17_token_weighted_average", reference=token_weighted_average, prompt=PROMPT)
+@exercise("21_token_weighted_average", reference=token_weighted_average, prompt=PROMPT)
 def check_token_weighted_average(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check a token-weighted gradient all-reduce against one process on the whole batch.
 

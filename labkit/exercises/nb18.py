@@ -1,8 +1,8 @@
-"""Exercises of notebooks/14_hybrid_parallel.ipynb.
+"""Exercises of notebooks/18_hybrid_parallel.ipynb.
 
-Introduced in notebooks/14_hybrid_parallel.ipynb.
+Introduced in notebooks/18_hybrid_parallel.ipynb.
 
-``14_mesh_groups``: which ranks form each group of a dp × pp × tp mesh. The ranks are laid out
+``18_mesh_groups``: which ranks form each group of a dp × pp × tp mesh. The ranks are laid out
 row-major with tp innermost (``init_device_mesh``'s layout for the shape (dp, pp, tp)), so rank
 r sits at ``dp_rank = r // (pp·tp)``, ``pp_rank = (r // tp) % pp``, ``tp_rank = r % tp``; a
 group of an axis is the ranks that differ only in that axis's coordinate. The checker compares
@@ -29,7 +29,7 @@ whose other two coordinates are equal."""
 
 
 def mesh_groups(dp: int, pp: int, tp: int, axis: str) -> list[list[int]]:
-    """The groups of ``axis`` in a row-major dp × pp × tp mesh (reference of ``14_mesh_groups``).
+    """The groups of ``axis`` in a row-major dp × pp × tp mesh (reference of ``18_mesh_groups``).
 
     ``lk.mesh.ParallelDims.group_ranks`` computes the same.
 
@@ -89,7 +89,7 @@ def _hint(dp: int, pp: int, tp: int, axis: str, got: list[list[int]]) -> str:
     return " Or: ".join(hints) or "rank r has coordinates (r // (pp·tp), (r // tp) % pp, r % tp)."
 
 
-@exercise("14_mesh_groups", reference=mesh_groups, prompt=PROMPT)
+@exercise("18_mesh_groups", reference=mesh_groups, prompt=PROMPT)
 def check_mesh_groups(fn: Callable[..., Any]) -> dict[str, Any]:
     """Check the learner's groups against ``ParallelDims.group_ranks`` on several meshes.
 

@@ -1,8 +1,8 @@
-"""Exercises of notebooks/15_fault_tolerance.ipynb.
+"""Exercises of notebooks/19_fault_tolerance.ipynb.
 
-Introduced in notebooks/15_fault_tolerance.ipynb.
+Introduced in notebooks/19_fault_tolerance.ipynb.
 
-``15_atomic_write``: write a file so that a crash at any moment leaves either the old file or
+``19_atomic_write``: write a file so that a crash at any moment leaves either the old file or
 the complete new one — write a temporary name, ``fsync`` it, ``os.replace`` it over the
 target, ``fsync`` the directory (rename(2) and fsync(2) manual pages; torchtitan and Orbax
 commit checkpoints the same way). The checker runs the learner's function in this process
@@ -32,7 +32,7 @@ crash at any moment leaves the old file or the whole new one: write `path + ".tm
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: tmp, fsync, replace, fsync the directory.
 
-    Reference solution of exercise ``15_atomic_write`` (``lk.checkpoint.atomic_write_bytes``).
+    Reference solution of exercise ``19_atomic_write`` (``lk.checkpoint.atomic_write_bytes``).
 
     Args:
         path: the file to replace.
@@ -55,7 +55,7 @@ def _fresh(tmp: str, name: str) -> Path:
     return folder / "model.pt"
 
 
-@exercise("15_atomic_write", reference=atomic_write, prompt=PROMPT)
+@exercise("19_atomic_write", reference=atomic_write, prompt=PROMPT)
 def check_atomic_write(fn: Callable[[str, bytes], None]) -> dict[str, int]:
     """Check ``fn(path, data)`` writes completely, survives a crash at the rename, syncs.
 
