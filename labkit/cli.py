@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         The parser; each subcommand's namespace carries its handler in ``func``.
     """
     from labkit import __version__
-    from labkit.course.run import DEFAULT_CELL_TIMEOUT_S, DEFAULT_OUTPUT_DIR
+    from labkit.course.run import DEFAULT_CELL_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, DEFAULT_OUTPUT_DIR
 
     parser = argparse.ArgumentParser(
         prog="labkit",
@@ -119,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seconds one cell may run before its notebook fails (default: "
         f"{DEFAULT_CELL_TIMEOUT_S:g})",
+    )
+    run.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds a cell may wait for its reply from an idle kernel (a lost message) before "
+        f"its notebook fails; 0: no limit (default: {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
     run.add_argument("--no-progress", action="store_true", help="hide the per-cell progress bar")
     run.set_defaults(func=_course_run)
@@ -240,6 +248,7 @@ def _course_run(args: argparse.Namespace) -> int:
         only=args.only,
         parameters=parameters,
         cell_timeout=args.cell_timeout,
+        idle_timeout=args.idle_timeout,
         progress_bar=not args.no_progress,
     )
     failed = [r for r in results if not r.ok]

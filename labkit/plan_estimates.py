@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labkit.costmodel import Network, predict
-from labkit.memory import ADAM_MIXED_K, GB, activation_bytes_per_layer, zero_memory
+from labkit.memory import ADAM_MIXED_K, GB, zero_memory
 from labkit.parallel.dims import AXES, ParallelDims
+from labkit.plan_recompute import recompute_activation_bytes, recompute_flops, recompute_reason
 
 if TYPE_CHECKING:
     from labkit.plan_specs import DeviceSpec, ModelSpec
@@ -60,7 +61,7 @@ class MemoryEstimate:
 
 
 def memory_estimate(
-    model: ModelSpec, dims: ParallelDims, stage: int, m: int, mixed: bool
+    model: ModelSpec, dims: ParallelDims, stage: int, m: int, mixed: bool, recompute: str = "none"
 ) -> MemoryEstimate:
     """Predicted peak bytes on one device: ZeRO's model states plus the activations in flight.
 
@@ -68,7 +69,9 @@ def memory_estimate(
     sharded over dp (Rajbhandari et al. 2020, §5). Activations: Korthikanti et al. 2022's
     bytes per layer (with t = tp, scaled from their 16-bit count to the working precision)
     × L/pp layers × min(pp, m) micro-batches in flight (1F1B's bound on the first stage,
-    Narayanan et al. 2021, §2.1; with pp = 1 the micro-batches are accumulation steps).
+    Narayanan et al. 2021, §2.1; with pp = 1 the micro-batches are accumulation steps),
+    under the ``recompute`` mode, plus one layer's rebuilt activations when it recomputes
+    (``labkit.plan_recompute``).
 
     Args:
         model: the model; ``dims`` and ``m`` must obey ``cannot_run``'s divisibility rules.
@@ -76,6 +79,7 @@ def memory_estimate(
         stage: the ZeRO stage over dp.
         m: micro-batches per step.
         mixed: mixed precision (see ``plan``).
+        recompute: activation recomputation, ``"none"``, ``"selective"`` or ``"full"``.
 
     Returns:
         A ``MemoryEstimate``: total bytes, the params/grads/optimizer/activations breakdown, b, the
@@ -86,11 +90,8 @@ def memory_estimate(
     states = zero_memory(psi, dims.dp, stage, param_bytes=pb, grad_bytes=pb, optimizer_bytes=k)
     b = model.batch // (dims.dp * m)
     in_flight, layers = min(dims.pp, m), model.n_layers // dims.pp
-    per_layer = activation_bytes_per_layer(
-        model.seq_len, b, model.hidden, model.n_heads, tensor_parallel=dims.tp
-    )
-    per_layer *= pb / 2  # Korthikanti et al. count 16-bit activations
-    acts = per_layer * layers * in_flight
+    per_layer, rebuilt = recompute_activation_bytes(model, b, dims.tp, recompute, pb)
+    acts = per_layer * layers * in_flight + rebuilt
     total = states.total_bytes + acts
     reasons = [
         f"b = B/(dp·m) = {model.batch}/({dims.dp}·{m}) = {b} sequences per micro-batch; "
@@ -98,7 +99,12 @@ def memory_estimate(
         f"memory {total / GB:.4g} GB = params {states.params_bytes / GB:.4g} + grads "
         f"{states.grads_bytes / GB:.4g} + optimizer {states.optimizer_bytes / GB:.4g} "
         f"(ZeRO-{stage} over dp={dims.dp}) + activations {acts / GB:.4g} ({layers} layers × "
-        f"{in_flight} micro-batch(es) in flight × {per_layer / GB:.4g} GB)",
+        f"{in_flight} micro-batch(es) in flight × {per_layer / GB:.4g} GB"
+        + (
+            f" + {rebuilt / GB:.4g} GB one layer rebuilds: {recompute} recompute)"
+            if rebuilt
+            else ")"
+        ),
     ]
     breakdown = {
         "params": states.params_bytes,
@@ -117,10 +123,11 @@ class TimeEstimate:
     bubble: float
     comm: dict[str, float]
     reasons: list[str]
+    recompute: float = 0.0  # seconds of recomputed forward (labkit.plan_recompute)
 
     @property
     def step(self) -> float:
-        return self.compute + self.bubble + sum(self.comm.values())
+        return self.compute + self.recompute + self.bubble + sum(self.comm.values())
 
 
 def time_estimate(
@@ -132,6 +139,7 @@ def time_estimate(
     m: int,
     mixed: bool,
     tp_ar: int,
+    recompute: str = "none",
 ) -> TimeEstimate:
     """Predicted seconds of one optimizer step: compute, pipeline bubble, communication.
 
@@ -139,7 +147,9 @@ def time_estimate(
     (pp − 1)/m of it (GPipe, Huang et al. 2019, §2.3). Communication, not overlapped (an
     upper bound): ``dp_comm`` over dp, ``tp_ar`` all-reduces of b·s·h per layer and
     micro-batch over tp (Shoeybi et al. 2019, §3), and 2m point-to-point b·s·h messages per
-    device over pp, each priced by ``labkit.costmodel`` on its axis's network.
+    device over pp, each priced by ``labkit.costmodel`` on its axis's network. Recomputation
+    adds ``labkit.plan_recompute.recompute_flops`` spread over the devices, and lengthens the
+    bubble with the stages it lengthens.
 
     Args:
         model, devices: the specs; ``dims`` and ``m`` must obey the divisibility rules.
@@ -149,17 +159,19 @@ def time_estimate(
         m: micro-batches per step.
         mixed: mixed precision (see ``plan``).
         tp_ar: all-reduces per layer and micro-batch under tensor parallelism.
+        recompute: activation recomputation, ``"none"``, ``"selective"`` or ``"full"``.
 
     Returns:
-        A ``TimeEstimate``: compute, bubble and per-axis communication seconds, and six
-        reasons lines.
+        A ``TimeEstimate``: compute, bubble, per-axis communication and recompute seconds,
+        and six reasons lines (seven with recomputation).
     """
     dp, pp, tp = dims.dp, dims.pp, dims.tp
     pb, _ = bytes_per_param(model, mixed)
     psi = model.n_params / (pp * tp)
     b, layers = model.batch // (dp * m), model.n_layers // pp
     compute = 6 * model.n_params * model.batch * model.seq_len / (devices.count * devices.flops)
-    bubble = compute * (pp - 1) / m
+    again = recompute_flops(model, recompute) / (devices.count * devices.flops)
+    bubble = (compute + again) * (pp - 1) / m
     dp_s, dp_how = dp_comm(stage, m, pb * psi, dp, nets["dp"])
     act_msg = pb * b * model.seq_len * model.hidden  # one b·s·h activation
     tp_s = m * layers * tp_ar * predict("all_reduce", act_msg, tp, nets["tp"])
@@ -167,7 +179,8 @@ def time_estimate(
     comm = dp_s + tp_s + pp_s
     reasons = [
         f"compute 6·Ψ·B·s / (devices·FLOP/s) = {compute:.4g} s",
-        f"bubble (pp−1)/m · compute = {pp - 1}/{m} · {compute:.4g} = {bubble:.4g} s"
+        *([recompute_reason(recompute, again)] if recompute != "none" else []),
+        f"bubble (pp−1)/m · compute = {pp - 1}/{m} · {compute + again:.4g} = {bubble:.4g} s"
         if pp > 1
         else f"m = {m}: accumulation steps, one micro-batch's activations at a time",
         f"dp: {dp_how} of {pb * psi:,.0f} B over {dp} ranks = {dp_s:.4g} s",
@@ -177,10 +190,11 @@ def time_estimate(
         f"pp: 2·{m} p2p messages of {act_msg:,.0f} B = {pp_s:.4g} s"
         if pp > 1
         else "pp = 1: no pipeline messages, no bubble",
-        f"step {compute + bubble + comm:.4g} s = compute + bubble + comm ({comm:.4g} s, "
-        "not overlapped)",
+        f"step {compute + again + bubble + comm:.4g} s = compute"
+        + (" + recompute" if recompute != "none" else "")
+        + f" + bubble + comm ({comm:.4g} s, not overlapped)",
     ]
-    return TimeEstimate(compute, bubble, {"dp": dp_s, "tp": tp_s, "pp": pp_s}, reasons)
+    return TimeEstimate(compute, bubble, {"dp": dp_s, "tp": tp_s, "pp": pp_s}, reasons, again)
 
 
 def cannot_run(

@@ -1,4 +1,5 @@
-"""A strategy planner: every (dp, pp, tp, ZeRO stage, micro-batches) with its memory and step time.
+"""A strategy planner: every (dp, pp, tp, ZeRO stage, micro-batches, recompute) with its memory
+and step time.
 
 Introduced in notebooks/18_hybrid_parallel.ipynb.
 
@@ -21,6 +22,10 @@ sequences, with Ψ parameters, L layers, width h and sequence length s:
   §2.1) spread evenly over the devices;
 - bubble: (pp − 1)/m of the compute time (GPipe, Huang et al. 2019, §2.3: the bubble is
   (p − 1)/(m + p − 1) of the step);
+- activation recomputation, when ``plan(..., recompute=...)`` offers it (notebook 14,
+  ``labkit.plan_recompute``): "selective" or "full" keeps Korthikanti et al.'s sbh·34 or 2sbh
+  per layer (plus one layer's rebuilt tensors) and adds the attention cores (4·B·s²·h·L) or
+  one more forward (2Ψ·B·s) to the compute;
 - communication, not overlapped with compute (an upper bound): the gradient all-reduce over
   dp (ZeRO-1: reduce-scatter + all-gather; ZeRO-2: a reduce-scatter per micro-batch; ZeRO-3
   adds two parameter all-gathers per micro-batch, ZeRO §7.2), Megatron's 2 + 2 all-reduces
@@ -37,6 +42,7 @@ from labkit.costmodel import Network
 from labkit.memory import STAGES
 from labkit.parallel.dims import ParallelDims
 from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
+from labkit.plan_recompute import RECOMPUTE_MODES, recompute_label
 from labkit.plan_specs import DeviceSpec, ModelSpec, PlanError, _positive_int
 
 __all__ = ["DeviceSpec", "ModelSpec", "Plan", "PlanError", "plan"]
@@ -59,6 +65,8 @@ class Plan:
         breakdown: memory parts in bytes: params, grads, optimizer, activations.
         comm: ``comm_s`` split by axis: dp, tp, pp (seconds).
         microbatch_size: b = B/(dp·m) sequences (0 when B is not divisible by dp·m).
+        recompute: activation recomputation: ``"none"``, ``"selective"`` or ``"full"``.
+        recompute_s: the part of ``step_s`` spent recomputing activations.
     """
 
     dp: int
@@ -76,12 +84,16 @@ class Plan:
     breakdown: dict[str, float]
     comm: dict[str, float] = field(default_factory=dict)
     microbatch_size: int = 0
+    recompute: str = "none"
+    recompute_s: float = 0.0
 
     @property
     def label(self) -> str:
-        """``"dp2·pp1·tp2·zero1·m1"``."""
+        """``"dp2·pp1·tp2·zero1·m1"``, and ``"·ac-selective"`` / ``"·ac-full"`` when it
+        recomputes activations."""
         dims = ParallelDims(self.dp, self.pp, self.tp)
-        return f"{dims.label}·zero{self.zero_stage}·m{self.microbatches}"
+        ac = recompute_label(self.recompute)
+        return f"{dims.label}·zero{self.zero_stage}·m{self.microbatches}{ac}"
 
 
 def _divisors(n: int) -> list[int]:
@@ -106,10 +118,12 @@ def _one_plan(
     m: int,
     mixed: bool,
     tp_ar: int,
+    recompute: str = "none",
 ) -> Plan:
-    """The ``Plan`` of one (grid, ZeRO stage, m), from ``labkit.plan_estimates``'s
+    """The ``Plan`` of one (grid, ZeRO stage, m, recompute), from ``labkit.plan_estimates``'s
     ``memory_estimate``, ``time_estimate`` and ``cannot_run``."""
     grid = {"dp": dims.dp, "pp": dims.pp, "tp": dims.tp, "zero_stage": stage, "microbatches": m}
+    grid["recompute"] = recompute
     broken = cannot_run(model, devices, dims, m)
     if broken:
         nan = math.nan
@@ -124,8 +138,8 @@ def _one_plan(
             reasons=[f"infeasible: {f}" for f in broken],
             breakdown=dict.fromkeys(("params", "grads", "optimizer", "activations"), nan),
         )
-    mem = memory_estimate(model, dims, stage, m, mixed)
-    time = time_estimate(model, devices, nets, dims, stage, m, mixed, tp_ar)
+    mem = memory_estimate(model, dims, stage, m, mixed, recompute)
+    time = time_estimate(model, devices, nets, dims, stage, m, mixed, tp_ar, recompute)
     over = cannot_run(model, devices, dims, m, mem.total)
     return Plan(
         **grid,
@@ -139,6 +153,7 @@ def _one_plan(
         breakdown=mem.breakdown,
         comm=time.comm,
         microbatch_size=mem.microbatch_size,
+        recompute_s=time.recompute,
     )
 
 
@@ -152,8 +167,10 @@ def plan(
     mixed_precision: bool = False,
     intra_node: Network | None = None,
     tp_all_reduces_per_layer: int = 4,
+    recompute: tuple[str, ...] = ("none",),
 ) -> list[Plan]:
-    """Every (dp, pp, tp, ZeRO stage, micro-batches) for ``devices.count`` devices, best first.
+    """Every (dp, pp, tp, ZeRO stage, micro-batches, recompute) for ``devices.count`` devices,
+    best first.
 
     The model of memory and time is this module's docstring. Micro-batch counts tried: the divisors
     m of B/dp (at most ``max_microbatches``); a dp that does not divide B gives one infeasible row
@@ -172,6 +189,8 @@ def plan(
             devices (tp is innermost, then pp, then dp; None: ``network`` everywhere).
         tp_all_reduces_per_layer: b·s·h all-reduces per layer and micro-batch under tensor
             parallelism (4: Megatron's transformer layer; 2: an MLP block alone).
+        recompute: activation-recomputation modes to try, a non-empty subset of ``("none",
+            "selective", "full")`` (default: none, the planner of notebook 18).
 
     Returns:
         Feasible plans sorted by ``step_s`` (then memory), then infeasible ones (over memory
@@ -179,7 +198,7 @@ def plan(
 
     Raises:
         PlanError: ``model`` or ``devices`` of the wrong type, no ZeRO stage or an unknown
-            one, ``max_microbatches`` < 1.
+            one, ``max_microbatches`` < 1, no recompute mode or an unknown one.
     """
     for arg, kind in ((model, ModelSpec), (devices, DeviceSpec), (network, Network)):
         if not isinstance(arg, kind):
@@ -190,6 +209,11 @@ def plan(
     if max_microbatches is not None:
         _positive_int("max_microbatches", max_microbatches)
     tp_ar = _positive_int("tp_all_reduces_per_layer", tp_all_reduces_per_layer)
+    modes = tuple(dict.fromkeys(recompute)) if not isinstance(recompute, str) else ()
+    if not modes or any(r not in RECOMPUTE_MODES for r in modes):
+        raise PlanError(
+            f"recompute must be a non-empty subset of {RECOMPUTE_MODES}, got {recompute!r}"
+        )
     plans = []
     for dims in _factorizations(devices.count):
         nets = axis_networks(dims, devices, network, intra_node)
@@ -199,13 +223,26 @@ def plan(
             ms = [m for m in _divisors(model.batch // dims.dp) if m <= (max_microbatches or m)]
         for stage in dict.fromkeys(stages):
             for m in ms:
-                plans.append(
-                    _one_plan(model, devices, nets, dims, stage, m, mixed_precision, tp_ar)
-                )
+                for r in modes:
+                    plans.append(
+                        _one_plan(model, devices, nets, dims, stage, m, mixed_precision, tp_ar, r)
+                    )
 
     def key(p: Plan) -> tuple:
         broken = math.isnan(p.step_s)
         step, mem = (math.inf, math.inf) if broken else (p.step_s, p.memory_bytes)
-        return (not p.feasible, broken, step, mem, p.dp, p.pp, p.tp, p.zero_stage, p.microbatches)
+        ac = RECOMPUTE_MODES.index(p.recompute)
+        return (
+            not p.feasible,
+            broken,
+            step,
+            mem,
+            p.dp,
+            p.pp,
+            p.tp,
+            p.zero_stage,
+            p.microbatches,
+            ac,
+        )
 
     return sorted(plans, key=key)

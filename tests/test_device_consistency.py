@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ast_parse import parse
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 FACTORIES = {
@@ -77,7 +79,7 @@ def host_tensors(fn: ast.FunctionDef) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_ranks_given_the_notebooks_backend_put_tensors_on_their_device(path):
     """A rank that may be on CUDA (the notebook's backend or device) makes no bare CPU tensor."""
-    tree = ast.parse(notebook_source(path))
+    tree = parse(notebook_source(path))
     defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     targets = {fn for _, fn, kw in launches(tree) if fn and may_be_cuda(kw)}
     for name in list(targets):  # and the notebook's functions they call (unless moved on)
@@ -123,7 +125,7 @@ def test_nobody_asks_the_backends_name_to_learn_the_device():
     allowed = {("labkit/bench_results.py", "dist.get_backend() == 'nccl'")}  # pure NCCL only
     found = []
     for path, text in python_sources():
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parse(text)):
             left = ast.unparse(node.left) if isinstance(node, ast.Compare) else ""
             if left.startswith(("dist.get_backend(", "get_backend(")):
                 if any(isinstance(c, ast.Constant) and c.value == "nccl" for c in node.comparators):
@@ -137,7 +139,7 @@ def test_tests_that_launch_on_nccl_or_cuda_are_gpu_tests():
     """A test that asks for NCCL or CUDA ranks must skip without GPUs (marked `gpu`)."""
     found = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text())
         for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
             marks = " ".join(ast.unparse(d) for d in fn.decorator_list)
             if "pytest.raises" in ast.unparse(fn):
@@ -153,7 +155,7 @@ def test_tests_that_launch_on_nccl_or_cuda_are_gpu_tests():
 
 def test_the_scan_finds_what_it_is_for():
     """The check above on a planted example: a bare CPU tensor found, moved ones not."""
-    tree = ast.parse(
+    tree = parse(
         "def bad(rank, world_size):\n"
         "    x = torch.zeros(3)\n"
         "    y = torch.ones(3, device=lk.get_device())\n"
@@ -262,7 +264,7 @@ def unfitted_launches(tree: ast.AST) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem[:2])
 def test_launches_on_the_notebooks_device_stay_within_the_fitted_world(path):
     """More ranks than fit_ranks fitted, on the notebook's device: fit that world too."""
-    bad = unfitted_launches(ast.parse(notebook_source(path)))
+    bad = unfitted_launches(parse(notebook_source(path)))
     assert not bad, (
         f"{path.name}: these launches pass backend=backend/device=device with more ranks than "
         "lk.fit_ranks fitted (or a world size the scan cannot bound): fit their world with "
@@ -278,7 +280,7 @@ def test_the_world_scan_finds_an_unfitted_launch():
         "for ranks in sorted({2, 3, p}):\n"
         "    lk.launch(f, ranks, backend=backend, device=device)\n"
     )
-    assert unfitted_launches(ast.parse(bad)) == [
+    assert unfitted_launches(parse(bad)) == [
         "line 4: lk.launch(f, ranks, backend=backend, device=device) (world 2)"
     ]
     fixed = fit + (
@@ -290,7 +292,7 @@ def test_the_world_scan_finds_an_unfitted_launch():
         "lk.launch(f, q, backend=backend, device=device)\n"
         "lk.launch(f, max(2, p - p % 2), backend=backend, device=device)\n"
     )
-    assert unfitted_launches(ast.parse(fixed)) == []
+    assert unfitted_launches(parse(fixed)) == []
 
 
 # -- tests that expect what "auto" gives on this machine ------------------------------------
@@ -318,7 +320,7 @@ def cpu_assumptions(source: str) -> list[str]:
     """Tests that launch under "auto" and then assert a literal "gloo" or "cpu": on a machine
     with a GPU per rank "auto" gives "cpu:gloo,cuda:nccl" on cuda:r, and they fail there."""
     found = []
-    for fn in ast.walk(ast.parse(source)):
+    for fn in ast.walk(parse(source)):
         if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test_"):
             continue
         marks = " ".join(ast.unparse(d) for d in fn.decorator_list)
@@ -415,7 +417,7 @@ def section_names(tree: ast.AST) -> set[str]:
 
 
 def unguarded_gpu_uses(source: str) -> list[str]:
-    tree = ast.parse(source)
+    tree = parse(source)
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
     guards, bad = section_names(tree), []
     for use, node in gpu_uses(tree):
@@ -482,7 +484,7 @@ def test_cpu_labs_say_so_through_cpu_lab(path):
         pytest.skip("reworked on another branch")
     inline = [
         f"line {n.lineno}: {ast.unparse(n)[:70]}"
-        for n in ast.walk(ast.parse(notebook_source(path)))
+        for n in ast.walk(parse(notebook_source(path)))
         if isinstance(n, ast.IfExp)
         and isinstance(n.body, ast.Constant)
         and n.body.value == "gloo"

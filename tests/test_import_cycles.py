@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ast_parse import parse
+
 ROOT = Path(__file__).resolve().parents[1] / "labkit"
 
 
@@ -76,7 +78,7 @@ def import_graph(root: Path, deep: bool) -> dict[str, set[str]]:
 
     edges: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        tree = parse(path.read_text(encoding="utf-8"), str(path))
         for name in _imports(tree, mod, path.name == "__init__.py", deep):
             if name == pkg or name.startswith(pkg + "."):
                 target = resolve(name)

@@ -17,19 +17,22 @@ from pathlib import Path
 import pytest
 
 from labkit.course import run_notebook
-from tests.conftest import NBVAL_PARAMETERS, checks_output, with_parameters
+from tests.conftest import NBVAL_CELL_TIMEOUT_S, NBVAL_PARAMETERS, checks_output, with_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FIXTURES = Path(__file__).resolve().parent / "notebooks"
 # The rest run under nbval (tests/conftest.py), also with fast=True.
 NOTEBOOKS = [p for p in ALL_NOTEBOOKS if not checks_output(p)]
+# Well under pytest's timeout (pyproject.toml), so that a cell that never ends fails with the
+# runner's message instead of being killed; as nbval's (tests/conftest.py).
+NOTEBOOK_CELL_TIMEOUT_S = NBVAL_CELL_TIMEOUT_S
 
 
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_fast(path: Path, tmp_path: Path) -> None:
-    result = run_notebook(path, tmp_path, {"fast": True})
+    result = run_notebook(path, tmp_path, {"fast": True}, cell_timeout=NOTEBOOK_CELL_TIMEOUT_S)
     if not result.ok:
         err = result.error
         where = f"cell {err.cell_index + 1}" if err and err.cell_index is not None else "?"

@@ -16,6 +16,7 @@ import importlib
 import pytest
 import torch
 
+from tests.ast_parse import parse
 from tests.test_device_consistency import (
     NOTEBOOKS,
     bindings,
@@ -76,7 +77,7 @@ def dataparallel_wrapping_a_kept_model(source: str) -> list[str]:
     """``nn.DataParallel(x)`` calls whose module is a model the notebook keeps using: with one
     GPU DataParallel moves it to cuda:0 in place. A copy (``copy.deepcopy``) or a freshly
     built model (``make_model().cuda(0)``) is safe."""
-    tree = ast.parse(source)
+    tree = parse(source)
     binds, bad = bindings(tree), []
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
         if not ast.unparse(call.func).endswith("DataParallel") or not call.args:
@@ -265,7 +266,7 @@ def completion_asserted_after_wait(source: str) -> list[str]:
     """Asserts on a Work's ``is_completed()`` that are not guarded to gloo (by a test of the
     backend that carried the tensors): on NCCL ``wait()`` only makes the current stream wait,
     so right after it ``is_completed()`` may be False (``Work.wait``'s docstring)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     results, bad = _Results(tree), []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Assert) or _gloo_guarded(node, results.parents):
@@ -383,7 +384,7 @@ def test_05_reads_clocks_only_after_synchronising_the_device():
     """05's `causes()` (and any function 05 launches on the notebook's device) times NCCL work
     with host clocks: each read follows a device sync (`lk.trace.sync_device`)."""
     path = next(p for p in NOTEBOOKS if p.stem.startswith("05"))
-    tree = ast.parse(notebook_source(path))
+    tree = parse(notebook_source(path))
     defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     launched = {fn for _, fn, kw in launches(tree) if fn in defs and may_be_cuda(kw)}
     assert "causes" in launched
@@ -401,5 +402,5 @@ def test_the_clock_scan_finds_an_unsynced_read():
         "            w.wait()\n"
         "        both.append(time.perf_counter() - t0)\n"  # NCCL's wait() returned early
     )
-    fn = ast.parse(source).body[0]
+    fn = parse(source).body[0]
     assert unsynced_clock_reads(fn) == ["causes line 7: both.append(time.perf_counter() - t0)"]

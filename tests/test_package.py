@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import labkit as lk
+from tests.ast_parse import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 INTRO = "Introduced in"
@@ -44,7 +45,7 @@ def _intro_problems() -> dict[str, list[str]]:
     """Per module: where INTRO stands other than once in the module docstring."""
     found = {}
     for path in sorted((ROOT / "labkit").rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text())
         where = []
         if (ast.get_docstring(tree) or "").count(INTRO) > 1:
             where.append("module docstring (more than once)")

@@ -352,5 +352,7 @@ def test_measure_bubbles_rows_follow_the_theories() -> None:
         # the schedule's idle slots cannot vanish; every hop only adds to them
         assert r.theory - 0.02 <= r.measured < 0.5, r  # 0.5 = (p − 1)/p, no pipelining at all
         assert r.step_ms >= 0.95 * r.ideal_ms, r
+        assert r.timeline.world_size == 2  # the timed step, for lk.viz.schedule_vs_timeline
+        assert pp.measured_bubble_fraction(r.timeline) == r.measured
     with pytest.raises(ValueError, match="unknown schedule"):
         pp.measure_bubbles(kinds=["zb_v"])

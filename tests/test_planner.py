@@ -285,3 +285,97 @@ def test_networks_follow_the_rank_grid():
     assert axis_networks(ParallelDims(dp=6, tp=4), devs, slow, None) == dict.fromkeys(
         ("dp", "pp", "tp"), slow
     )
+
+
+# --- activation recomputation (notebook 14) --------------------------------------------------
+
+MODES = ("none", "selective", "full")
+# One device, one sequence of s = 4 tokens: 16Ψ = 16,000 bytes of fp32 model states, and per
+# layer sbh(34 + 5as/h) = 32·39 = 1248 bytes at 16 bits, 2496 in fp32 (selective: 32·34 → 2176,
+# full: 2·32 → 128).
+ONE_SEQ = ModelSpec(n_params=1000, n_layers=4, hidden=8, seq_len=4, batch=1, n_heads=2)
+
+
+def test_recompute_memory_and_time_by_hand():
+    one = DeviceSpec(count=1, memory_bytes=1e9, flops=1e6)
+    plans = {p.recompute: p for p in plan(ONE_SEQ, one, NET, zero_stages=(0,), recompute=MODES)}
+    assert set(plans) == set(MODES)
+    acts = {r: p.breakdown["activations"] for r, p in plans.items()}
+    assert acts["none"] == pytest.approx(4 * 2496)
+    # kept by 4 layers, plus what one layer rebuilds in its backward (none's bytes − kept)
+    assert acts["selective"] == pytest.approx(4 * 2176 + (2496 - 2176))
+    assert acts["full"] == pytest.approx(4 * 128 + (2496 - 128))
+    assert {r: p.memory_bytes for r, p in plans.items()} == pytest.approx(
+        {r: 16000 + a for r, a in acts.items()}
+    )
+    compute = 6 * 1000 * 1 * 4 / 1e6  # 6Ψ·B·s / FLOP/s = 0.024 s
+    assert all(p.compute_s == pytest.approx(compute) for p in plans.values())
+    assert plans["none"].recompute_s == 0
+    assert plans["full"].recompute_s == pytest.approx(compute / 3)  # one more forward: 2Ψ·B·s
+    assert plans["selective"].recompute_s == pytest.approx(4 * 1 * 4 * 4 * 8 * 4 / 1e6)  # 4Bs²hL
+    for p in plans.values():
+        assert p.step_s == pytest.approx(p.compute_s + p.recompute_s + p.comm_s + p.bubble_s)
+    assert plans["full"].label == "dp1·pp1·tp1·zero0·m1·ac-full"
+    assert plans["selective"].label == "dp1·pp1·tp1·zero0·m1·ac-selective"
+    assert plans["none"].label == "dp1·pp1·tp1·zero0·m1"
+    assert any(r.startswith("recompute (full): 2·Ψ·B·s") for r in plans["full"].reasons)
+    assert any("one layer rebuilds: selective" in r for r in plans["selective"].reasons)
+    assert not any("recompute" in r for r in plans["none"].reasons)
+
+
+@pytest.mark.parametrize(
+    ("memory_bytes", "chosen"),
+    [(26_000, "none"), (25_500, "selective"), (20_000, "full")],  # needs 25,984 / 25,024 / 18,880
+)
+def test_recompute_is_chosen_only_when_memory_needs_it(memory_bytes, chosen):
+    devices = DeviceSpec(count=1, memory_bytes=memory_bytes, flops=1e6)
+    best = plan(ONE_SEQ, devices, NET, zero_stages=(0,), recompute=MODES)[0]
+    assert best.feasible and best.recompute == chosen
+    without = plan(ONE_SEQ, devices, NET, zero_stages=(0,))
+    assert without[0].feasible == (chosen == "none")  # without the option nothing else fits
+
+
+def test_recompute_lengthens_the_bubble_with_the_stages():
+    p = find(plan(SMALL, FOUR, NET, recompute=("full",)), "dp1·pp2·tp2·zero0·m2·ac-full")
+    assert p.compute_s == pytest.approx(0.048) and p.recompute_s == pytest.approx(0.016)
+    assert p.bubble_s == pytest.approx((0.048 + 0.016) * 1 / 2)
+    # b = 4, t = 2: kept 2sbh = 256 bytes at 16 bits (the input is not split without sequence
+    # parallelism), 512 in fp32, × 2 layers × 2 micro-batches in flight; one layer rebuilds
+    # sbh(10 + 24/2 + 5as/(ht)) = 128·24.5 = 3136 → 6272 fp32, less the 512 it keeps
+    assert p.breakdown["activations"] == pytest.approx(512 * 2 * 2 + (6272 - 512))
+
+
+def test_default_plans_are_the_plans_without_recompute():
+    default = plan(SMALL, FOUR, NET)
+    offered = plan(SMALL, FOUR, NET, recompute=MODES)
+    assert len(offered) == 3 * len(default) and {p.recompute for p in default} == {"none"}
+    none = [p for p in offered if p.recompute == "none"]
+    assert [p.label for p in none] == [p.label for p in default]
+    assert [p.step_s for p in none] == pytest.approx([p.step_s for p in default], nan_ok=True)
+    for p in offered:  # recompute never saves time, and never costs memory
+        if p.feasible and p.recompute != "none":
+            base = find(offered, p.label.rsplit("·ac-", 1)[0])
+            assert p.step_s > base.step_s and p.memory_bytes <= base.memory_bytes
+            # equal only when a device holds one layer of one micro-batch: kept + rebuilt
+            one = SMALL.n_layers // p.pp * min(p.pp, p.microbatches) == 1
+            assert (p.memory_bytes == base.memory_bytes) == one
+
+
+@pytest.mark.parametrize("bad", [(), "full", ("none", "some")])
+def test_recompute_modes_are_checked(bad):
+    with pytest.raises(PlanError, match="recompute must be a non-empty subset"):
+        plan(SMALL, FOUR, NET, recompute=bad)
+
+
+def test_recompute_terms_alone():
+    from labkit.plan_recompute import recompute_activation_bytes, recompute_flops
+
+    assert recompute_flops(ONE_SEQ, "none") == 0
+    assert recompute_flops(ONE_SEQ, "full") == 2 * 1000 * 4
+    assert recompute_flops(ONE_SEQ, "selective") == 4 * 4 * 4 * 8 * 4
+    for mode, kept in (("none", 1248), ("selective", 1088), ("full", 64)):
+        got = recompute_activation_bytes(ONE_SEQ, 1, 1, mode, 2)
+        assert got == pytest.approx((kept, 1248 - kept))
+        assert got[0] == activation_bytes_per_layer(4, 1, 8, 2, recompute=mode)
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        recompute_flops(ONE_SEQ, "half")

@@ -11,9 +11,10 @@ From Python::
     from labkit.course import run_course
     results = run_course(parameters={"fast": True})   # writes course-output/report.html
 
-``run.py`` executes notebooks, ``readback.py`` reads records, figures and errors out of an
-executed notebook, ``report.py`` writes ``summary.json`` and ``report.html``, ``args.py``
-checks the command's parameters before any notebook runs.
+``run.py`` executes notebooks (``kernel.py`` is the Jupyter client it drives kernels with),
+``readback.py`` reads records, figures and errors out of an executed notebook, ``report.py``
+writes ``summary.json`` and ``report.html``, ``args.py`` checks the command's parameters before
+any notebook runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from labkit.course.readback import NotebookError, read_executed
 from labkit.course.report import machine_info, render_html, write_report
 from labkit.course.run import (
     DEFAULT_CELL_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_OUTPUT_DIR,
     NotebookResult,
     declared_parameters,
@@ -36,6 +38,7 @@ from labkit.course.run import (
 
 __all__ = [
     "DEFAULT_CELL_TIMEOUT_S",
+    "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_OUTPUT_DIR",
     "NotebookError",
     "NotebookResult",

@@ -98,7 +98,9 @@ def read_executed(nb: dict) -> Readback:
         index += 1
         if cell.get("cell_type") != "code":
             continue
-        if cell.get("metadata", {}).get("papermill", {}).get("status", "pending") != "pending":
+        # Started cells have a start time: after an exception other than a cell error (a
+        # timeout, a lost reply) papermill marks the cells it never reached "completed" too.
+        if cell.get("metadata", {}).get("papermill", {}).get("start_time") is not None:
             out.last_started = index
         for output in cell.get("outputs", []):
             kind = output.get("output_type")

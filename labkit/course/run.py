@@ -28,6 +28,7 @@ from labkit.launcher.launch_log import LAUNCH_LOG_ENV, read_launch_log
 
 _COURSE_NAME = re.compile(r"^(\d\d)_.+\.ipynb$")
 DEFAULT_CELL_TIMEOUT_S = 600.0
+DEFAULT_IDLE_TIMEOUT_S = 60.0  # an idle kernel with a cell waiting on it: see kernel.py
 DEFAULT_OUTPUT_DIR = "course-output"
 
 
@@ -116,6 +117,8 @@ def run_notebook(
     start_timeout: float = 60.0,
     kernel_name: str = "python3",
     progress_bar: bool = False,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
+    kernel_manager_class: type | None = None,
 ) -> NotebookResult:
     """Execute one notebook with papermill and read back what it produced.
 
@@ -123,6 +126,11 @@ def run_notebook(
     every notebook. The kernel runs in the notebook's folder. A failing notebook is reported in
     the result (its executed copy keeps the traceback), not raised. The kernel inherits
     ``LABKIT_LAUNCH_LOG``, so each launch in it notes the backend and device it resolved to.
+
+    The kernel is driven by :class:`labkit.course.kernel.WatchedKernelClient`: a cell whose
+    reply is lost fails with :class:`~labkit.course.kernel.KernelIdleError` once the kernel has
+    been idle for ``idle_timeout`` seconds, and a shell send cannot strand a reply (the stall of
+    a whole cell timeout that widget cells used to hit; see ``labkit/course/kernel.py``).
 
     Args:
         path: the notebook to run.
@@ -132,6 +140,10 @@ def run_notebook(
         start_timeout: seconds to wait for the kernel to start.
         kernel_name: Jupyter kernel to run it on.
         progress_bar: show papermill's tqdm bar (one tick per cell).
+        idle_timeout: seconds a cell may wait for its reply from an idle kernel (0: no limit).
+        kernel_manager_class: the Jupyter kernel manager (None: labkit's
+            :class:`~labkit.course.kernel.WatchedKernelManager`); benchmarks/papermill_soak.py
+            passes jupyter_client's ``AsyncKernelManager`` to measure the stall it fixes.
 
     Returns:
         A :class:`NotebookResult`.
@@ -142,6 +154,9 @@ def run_notebook(
     """
     import nbformat
     import papermill
+    from traitlets.config import Config
+
+    from labkit.course.kernel import WatchedKernelManager
 
     path = Path(path)
     if not path.is_file():
@@ -174,6 +189,9 @@ def run_notebook(
             start_timeout=start_timeout,
             # ipykernel warns at every start that its loopback channels are unencrypted
             extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            # nbclient options, passed on by papermill: the client (kernel.py) and its watch
+            kernel_manager_class=kernel_manager_class or WatchedKernelManager,
+            config=Config({"WatchedKernelClient": {"idle_timeout": float(idle_timeout or 0)}}),
         )
     except Exception as exc:  # a failing notebook is a result, not a crash
         failure = exc
@@ -223,6 +241,7 @@ def run_course(
     only: Iterable[str] | None = None,
     parameters: Mapping[str, Any] | None = None,
     cell_timeout: float | None = DEFAULT_CELL_TIMEOUT_S,
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
     progress_bar: bool = True,
     report: bool = True,
     log: Callable[[str], None] | None = print,
@@ -235,6 +254,7 @@ def run_course(
         only: notebook selectors (see :func:`select_notebooks`); None runs all.
         parameters: offered to every notebook; each receives only those it declares.
         cell_timeout: seconds one cell may run (None: no limit).
+        idle_timeout: seconds a cell may wait for its reply from an idle kernel (0: no limit).
         progress_bar: papermill's per-notebook tqdm bar.
         report: write ``report.html`` and ``summary.json`` at the end.
         log: called with one status line per notebook (None: silent).
@@ -254,6 +274,7 @@ def run_course(
             output_dir,
             parameters,
             cell_timeout=cell_timeout,
+            idle_timeout=idle_timeout,
             progress_bar=progress_bar,
         )
         results.append(result)

@@ -10,6 +10,16 @@ lays every action into its slot (two actions of one rank in one slot fail), runs
 ``labkit.parallel.pipeline.validate`` on the result, checks that each rank runs all its
 forwards before its first backward (GPipe, not 1F1B), and that the step takes the optimal
 ``2(m + p − 1)`` slots, i.e. the bubble is ``(p − 1)/(m + p − 1)``.
+
+``11_zb_h1``: order a zero-bubble pipeline (Qi et al. 2023, §3.1, ZB-H1). The learner writes
+``orders(n_stages, n_microbatches)``: per rank, its forwards ``F``, input-backwards ``B`` and
+weight-backwards ``W`` in the order it runs them. The checker places them in slots
+(``labkit.parallel.pipeline.place``: each action as early as its rank and inputs allow), runs
+the validator, and wants, for several ``p`` and ``m`` (``m < p`` among them), the step of
+ZB-H1 — ``2m + p − 1 + max(m, p)`` slots — with no stage holding more than ``min(p, m)``
+micro-batches' activations (from ``F`` to ``W``: 1F1B's bound). Running each ``W`` right after
+its ``B`` is too slow, all ``W``'s at the end hold too much, a ``W`` before its ``B`` or a
+missing ``W`` is refused with the rule it breaks.
 """
 
 from __future__ import annotations
@@ -25,7 +35,12 @@ from labkit.parallel.pipeline import (
     bubble_fraction,
     bubble_fraction_theory,
     format_schedule,
+    peak_in_flight,
+    place,
     validate,
+    zb_h1_bubble_fraction,
+    zb_h1_orders,
+    zb_h1_slots,
 )
 
 CASES = ((1, 1), (2, 1), (2, 4), (3, 5), (4, 8), (4, 2))  # (n_stages, n_microbatches)
@@ -140,3 +155,125 @@ def check_gpipe_slots(fn: Callable[..., Any]) -> dict[str, Any]:
     for p, m in CASES:
         _check_one(fn, p, m)
     return {"cases": [list(c) for c in CASES]}
+
+
+# ------------------------------------------------------------------------------ 11_zb_h1
+
+ZB_CASES = ((2, 4), (4, 8), (4, 2), (3, 5), (4, 4), (5, 3), (1, 3))  # (p, m); m < p included
+
+ZB_PROMPT = """Write `my_zb_h1_orders(n_stages, n_microbatches)`: for each rank r (holding stage
+r), the list of its actions in the order it runs them — `Action(r, "F", i)`, `Action(r, "B", i)`
+(the input's gradient) and `Action(r, "W", i)` (the weights' gradients) for every micro-batch i.
+The check places them in slots, each as early as its rank and inputs allow (a W needs its own
+B in an earlier slot), validates the schedule, and wants ZB-H1's step: 2m + p - 1 + max(m, p)
+slots, with no stage holding more than min(p, m) micro-batches' activations at once (a
+micro-batch's activations live from its F to its W). Keep 1F1B's order of F and B and find
+where each W goes."""
+
+
+def _zb_orders(fn: Callable[..., Any], p: int, m: int) -> list[list[Action]]:
+    """Call the learner's function; fail unless it gives p lists of Actions."""
+    try:
+        orders = fn(p, m)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # a learner's bug: report it as a failed check
+        raise ExerciseFailed(
+            f"my_zb_h1_orders({p}, {m}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(orders, list | tuple) or len(orders) != p:
+        raise ExerciseFailed(
+            f"my_zb_h1_orders({p}, {m}) returned {type(orders).__name__} of "
+            f"{len(orders) if hasattr(orders, '__len__') else '?'} entries: give one list of "
+            f"actions per rank ({p})"
+        )
+    for r, order in enumerate(orders):
+        bad = [a for a in order if not isinstance(a, Action)]
+        if bad:
+            raise ExerciseFailed(
+                f"with {p} stages and {m} micro-batches rank {r}'s order holds {bad[0]!r}: "
+                "list only pp.Action(stage, op, microbatch) (no None: place adds the waits)"
+            )
+    return [list(o) for o in orders]
+
+
+def _zb_counts(orders: list[list[Action]], p: int, m: int) -> None:
+    """Every rank runs F, B and W of each micro-batch of its stage once, W after its B."""
+    for r, order in enumerate(orders):
+        for op in ("F", "B", "W"):
+            got = sorted(a.microbatch for a in order if a.op == op and a.stage == r)
+            if got != list(range(m)):
+                missing = sorted(set(range(m)) - set(got))
+                what = (
+                    f"no {op} for micro-batch(es) {missing}"
+                    if missing
+                    else f"{op}'s of micro-batches {got} (each once, of stage {r})"
+                )
+                why = (
+                    ": ZB-H1 splits every backward, so every B needs its W"
+                    if op == "W" and missing
+                    else ""
+                )
+                raise ExerciseFailed(
+                    f"with {p} stages and {m} micro-batches rank {r} has {what}{why}"
+                )
+        at = {a: i for i, a in enumerate(order)}
+        for i in range(m):
+            if at[Action(r, "W", i)] < at[Action(r, "B", i)]:
+                raise ExerciseFailed(
+                    f"with {p} stages and {m} micro-batches rank {r} runs {r}W{i} before "
+                    f"{r}B{i}: the weights' gradient needs the output's gradient that B "
+                    "receives and uses ([weight-after-backward])"
+                )
+
+
+def _check_zb_one(fn: Callable[..., Any], p: int, m: int) -> None:
+    orders = _zb_orders(fn, p, m)
+    _zb_counts(orders, p, m)
+    try:
+        schedule = place(orders, p)
+    except ValueError as exc:
+        raise ExerciseFailed(f"with {p} stages and {m} micro-batches: {exc}") from exc
+    shown = format_schedule(schedule) if len(schedule[0]) <= 40 else "(too wide to show)"
+    try:
+        validate(schedule, p, m)
+    except ScheduleError as exc:
+        raise ExerciseFailed(f"with {p} stages and {m} micro-batches: {exc}\n{shown}") from exc
+    bound = min(p, m)
+    for stage, peak in peak_in_flight(schedule).items():
+        if peak > bound:
+            raise ExerciseFailed(
+                f"with {p} stages and {m} micro-batches stage {stage} holds {peak} "
+                f"micro-batches' activations at once (each lives from its F to its W); ZB-H1 "
+                f"holds at most min(p, m) = {bound}, as 1F1B does. Run the W's earlier\n{shown}"
+            )
+    want, got = zb_h1_slots(p, m), len(schedule[0])
+    if got != want:
+        raise ExerciseFailed(
+            f"with {p} stages and {m} micro-batches your step takes {got} slots, ZB-H1 takes "
+            f"2m + p − 1 + max(m, p) = {want}: bubble {bubble_fraction(schedule):.3f} instead of "
+            f"{zb_h1_bubble_fraction(p, m):.3f}. A W that nobody waits for should fill a slot "
+            f"where the rank would wait, not hold back a B the previous stage waits for\n{shown}"
+        )
+
+
+@exercise("11_zb_h1", reference=zb_h1_orders, prompt=ZB_PROMPT)
+def check_zb_h1(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Check per-rank ZB-H1 orders: valid once placed, ZB-H1's length, 1F1B's memory.
+
+    Args:
+        fn: the learner's ``fn(n_stages, n_microbatches)`` → per rank, a list of ``Action``.
+
+    Returns:
+        ``{"cases": [[p, m], ...]}``: what was checked.
+
+    Raises:
+        ExerciseFailed: the orders are malformed, miss or repeat an action, run a ``W`` before
+            its ``B``, deadlock, break a validator rule, hold more than ``min(p, m)``
+            micro-batches on a stage, or take another number of slots than ZB-H1; the
+            message shows the grid.
+        NotImplementedError: not attempted yet (``check`` then runs the reference).
+    """
+    for p, m in ZB_CASES:
+        _check_zb_one(fn, p, m)
+    return {"cases": [list(c) for c in ZB_CASES]}

@@ -17,8 +17,10 @@ The paper counts GB as 10⁹ bytes (7.5B parameters · 16 bytes = 120 GB). Pure 
 processes, no torch.distributed. ``zero_rank_bytes`` sizes the same states for a real
 ``nn.Module`` sharded as one padded flat buffer; ``activation_bytes_per_layer`` is the
 activation model of a transformer layer (Korthikanti et al. 2022), ``block_activation_terms``
-the same tensor by tensor, with its assumptions as arguments (notebook 15),
-``attention_saved_bytes`` plain attention's s×s against ring attention's blocks (notebook 16).
+the same tensor by tensor, with its assumptions as arguments (notebook 15), both under
+none / selective / full recomputation with ``block_flops`` the products recomputation adds
+(notebook 14), ``attention_saved_bytes`` plain attention's s×s against ring attention's blocks
+(notebook 16).
 
     lk.memory.zero_memory(7.5e9, dp_degree=64, stage=1).total_gb   # 31.40625 (paper: 31.4)
     lk.memory.table()                                              # rows for 1.5B–1T × DP
@@ -29,10 +31,13 @@ from __future__ import annotations
 from labkit.memory.activations import activation_bytes_per_layer
 from labkit.memory.attention import attention_saved_bytes, score_block_bytes
 from labkit.memory.block_activations import (
+    ATTENTION_CORE_TERMS,
     ATTENTION_KINDS,
+    RECOMPUTE_MODES,
     block_activation_bytes,
     block_activation_terms,
 )
+from labkit.memory.recompute import block_flops
 from labkit.memory.sharded import zero_rank_bytes
 from labkit.memory.zero import (
     ADAM_MIXED_K,
@@ -49,10 +54,12 @@ from labkit.memory.zero import (
 
 __all__ = [
     "ADAM_MIXED_K",
+    "ATTENTION_CORE_TERMS",
     "ATTENTION_KINDS",
     "DP_DEGREES",
     "GB",
     "MODEL_SIZES",
+    "RECOMPUTE_MODES",
     "STAGES",
     "STAGE_NAMES",
     "MemoryBreakdown",
@@ -60,6 +67,7 @@ __all__ = [
     "attention_saved_bytes",
     "block_activation_bytes",
     "block_activation_terms",
+    "block_flops",
     "per_device_bytes",
     "score_block_bytes",
     "table",

@@ -27,6 +27,13 @@ assumption                    Korthikanti §4.1        ``labkit.models.Transform
 ``regather``                  yes (§4.2.2)            ``SequenceParallel*(regather=...)``
 ============================  ======================  ==========================================
 
+``recompute`` (§5, notebook 14) says what backward rebuilds instead of keeping: ``"selective"``
+drops the attention core's tensors (the s×s softmax output and its dropout, or the flash
+kernel's log-sum-exp), which backward recomputes from the q, k and v it keeps — sbh·34 under
+Korthikanti's assumptions; ``"full"`` keeps only the block's input (``"ln1 input"``) — 2sbh.
+Measured on ``TransformerBlock`` under ``labkit.parallel.compose.apply_ac(..., mode=...)``,
+whose ``torch.utils.checkpoint`` saves the checkpointed region's inputs.
+
 "flash" is what selective recomputation (§5) asks for: the 5as/h term is gone. With
 ``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` the same block keeps the probabilities
 instead — ``attention="softmax"`` (q and k scaled by √scale are kept in place of q and k: the
@@ -36,9 +43,24 @@ them in bf16 (2 bytes). Pure arithmetic: no torch.
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION_KINDS", "block_activation_bytes", "block_activation_terms"]
+__all__ = [
+    "ATTENTION_CORE_TERMS",
+    "ATTENTION_KINDS",
+    "RECOMPUTE_MODES",
+    "block_activation_bytes",
+    "block_activation_terms",
+]
 
 ATTENTION_KINDS = ("softmax", "flash")
+RECOMPUTE_MODES = ("none", "selective", "full")
+# What selective recomputation rebuilds in backward (Korthikanti et al. 2022, §5): the attention
+# core softmax(QKᵀ)·V — its s×s probabilities and their dropout, or a fused kernel's lse.
+ATTENTION_CORE_TERMS = (
+    "softmax output",
+    "softmax dropout mask",
+    "softmax dropout output",
+    "log-sum-exp",
+)
 MASK_BYTES = 1  # a dropout mask: torch's bool, Korthikanti's "1 byte"
 LSE_BYTES = 4  # attention's log-sum-exp per query row, fp32 whatever the inputs
 
@@ -57,11 +79,13 @@ def block_activation_terms(
     dropout: bool = True,
     layernorm_stat_bytes: int = 0,
     regather: bool = True,
+    recompute: str = "none",
 ) -> dict[str, float]:
     """Bytes of each tensor one pre-norm transformer block keeps for backward, on one rank.
 
-    Korthikanti et al. 2022, §4.1 (the list) and §4.2 (what t-way tensor and sequence
-    parallelism divide by t). With the defaults the sum is ``activation_bytes_per_layer``.
+    Korthikanti et al. 2022, §4.1 (the list), §4.2 (what t-way tensor and sequence
+    parallelism divide by t) and §5 (recomputation). With the defaults the sum is
+    ``activation_bytes_per_layer`` (with the same ``recompute``).
 
     Args:
         seq_len: s.
@@ -79,14 +103,19 @@ def block_activation_terms(
             0: not counted, as Korthikanti does).
         regather: with sequence parallelism, the GEMMs after an all-gather keep this rank's s/t
             tokens and gather again in backward (§4.2.2); False: they keep all s.
+        recompute: ``"none"``; ``"selective"`` (the attention core's terms,
+            ``ATTENTION_CORE_TERMS``, are recomputed in backward, not kept); ``"full"`` (only
+            the block's input, ``"ln1 input"``, is kept).
 
     Returns:
         dict[str, float]: tensor name → bytes, in the block's order; sum it for the total.
 
     Raises:
         ValueError: non-positive sizes, negative ``layernorm_stat_bytes``, or an unknown
-            ``attention``.
+            ``attention`` or ``recompute``.
     """
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     if isinstance(layernorm_stat_bytes, bool) or layernorm_stat_bytes < 0:
         raise ValueError(f"layernorm_stat_bytes must be an int >= 0, got {layernorm_stat_bytes!r}")
     f = 4 * hidden if ffn_hidden is None else ffn_hidden
@@ -133,6 +162,10 @@ def block_activation_terms(
     terms["fc2 input"] = e * s * b * f / t
     if dropout:
         terms["MLP dropout mask"] = MASK_BYTES * sbh / t_sp
+    if recompute == "full":  # a checkpointed block keeps its input, rebuilds the rest
+        return {"ln1 input": terms["ln1 input"]}
+    if recompute == "selective":
+        return {k: v for k, v in terms.items() if k not in ATTENTION_CORE_TERMS}
     return terms
 
 

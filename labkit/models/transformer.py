@@ -70,8 +70,16 @@ class SelfAttention(nn.Module):
             return t.view(B, T, -1, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = self.core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core softmax(QKᵀ/√d)·V, (B, H, T, D) each: no parameters.
+
+        What selective recomputation rebuilds in backward (Korthikanti et al. 2022, §5;
+        ``labkit.parallel.compose.apply_ac(..., mode="selective")`` checkpoints this method).
+        """
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
 
 
 class TransformerBlock(nn.Module):

@@ -16,12 +16,14 @@ In the notebook::
 
 ``measure_speedups`` (run on every rank) times a baseline and its variants in interleaved
 rounds. ``saved_tensors`` (notebooks 15–16) records what autograd keeps for backward,
-``largest_tensor`` (notebook 16) the largest tensor a block of code makes.
+``largest_tensor`` (notebook 16) the largest tensor a block of code makes, ``matmul_flops``
+(notebook 16) the FLOPs of its matrix products.
 Importing this package imports torch only when a profile is taken.
 """
 
 from __future__ import annotations
 
+from labkit.profile.flops import MatmulFlops, matmul_flops
 from labkit.profile.gpu_memory import (
     CUDA_BLOCK_BYTES,
     CudaMemory,
@@ -58,6 +60,7 @@ __all__ = [
     "CudaMemory",
     "KernelSpan",
     "LargestTensor",
+    "MatmulFlops",
     "NcclOverlap",
     "OpRow",
     "RankProfile",
@@ -77,6 +80,7 @@ __all__ = [
     "is_comm_op",
     "is_nccl_kernel",
     "largest_tensor",
+    "matmul_flops",
     "measure_speedups",
     "merge_traces",
     "nccl_overlap",

@@ -13,7 +13,8 @@ on, in the manner of torchtitan's ``parallelize_llama``
 - ``apply_sp(module, tp, style)``: tensor *and* sequence parallelism of the transformer blocks
   on the same tp axis (Korthikanti et al. 2022; notebook 15), in place of
   ``apply_tp`` when ``parallelize(..., sp=True)``;
-- ``apply_ac(module, names)``: activation checkpointing of the named blocks;
+- ``apply_ac(module, names, mode)``: activation checkpointing of the named blocks, whole
+  (``"full"``) or their attention core only (``"selective"``, notebook 14);
 - ``apply_ddp(module, dp_group)`` (notebook 07), ``apply_zero(module, stage, dp_group)`` or
   ``apply_fsdp(module, dp_mesh)`` (notebook 13): the data-parallel flavour.
 
@@ -41,7 +42,7 @@ optimizer step's micro-batches with one gradient reduction (``no_sync`` for the 
 
 from __future__ import annotations
 
-from labkit.parallel.compose.ac import apply_ac
+from labkit.parallel.compose.ac import AC_MODES, apply_ac
 from labkit.parallel.compose.clip import clip_grad_norm_
 from labkit.parallel.compose.dp import apply_ddp, apply_fsdp, apply_zero
 from labkit.parallel.compose.gather import full_parameters, full_tensor, rank_state_bytes
@@ -55,6 +56,7 @@ from labkit.parallel.compose.sync import no_sync, reduce_gradients
 from labkit.parallel.compose.tp import TP_STYLES, apply_tp, tp_split
 
 __all__ = [
+    "AC_MODES",
     "DP_FLAVOURS",
     "TP_STYLES",
     "Parallelized",

@@ -13,6 +13,12 @@ all-reduce closing a Megatron MLP, whose output nothing saves) runs only once. t
 instance, so parameter names, tensor-parallel plans and checkpoints are unchanged. Applied
 after tp (the recomputation runs the split layers) and before dp (FSDP's hooks stay outside,
 so the recomputation finds the parameters gathered).
+
+``mode="selective"`` checkpoints only each block's attention core (``SelfAttention.core``,
+softmax(QKᵀ)·V), Korthikanti et al. 2022, §5, as Megatron-LM's ``recompute_granularity=
+"selective"`` does: the block keeps everything but the s×s probabilities (or a fused kernel's
+log-sum-exp) and recomputes them from the q, k and v it keeps (notebook 14 measures both modes
+against ``labkit.memory.block_activation_terms``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,12 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["apply_ac", "is_checkpointed"]
+from labkit.models import SelfAttention
+
+__all__ = ["AC_MODES", "apply_ac", "is_checkpointed"]
 
 _MARK = "_labkit_checkpointed"
+AC_MODES = ("full", "selective")
 
 
 def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,32 +44,52 @@ def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def apply_ac(module: nn.Module, names: Iterable[str]) -> nn.Module:
+def apply_ac(module: nn.Module, names: Iterable[str], mode: str = "full") -> nn.Module:
     """Recompute the named submodules' activations in backward instead of keeping them.
 
     Args:
         module: the model (or stage).
         names: submodule names (as ``named_modules``), e.g. every transformer block.
+        mode: ``"full"``: each named submodule's ``forward`` runs under
+            ``torch.utils.checkpoint`` (non-reentrant) and keeps only its inputs;
+            ``"selective"``: only the attention core of every ``SelfAttention`` inside it
+            (``SelfAttention.core``) does.
 
     Returns:
-        ``module``; each named submodule's ``forward`` now runs under
-        ``torch.utils.checkpoint`` (non-reentrant).
+        ``module``, changed in place (parameter names unchanged).
 
     Raises:
         KeyError: a name that is not a submodule.
+        ValueError: an unknown mode, a submodule already checkpointed in the other mode, or
+            (selective) one without a ``SelfAttention`` inside.
     """
+    if mode not in AC_MODES:
+        raise ValueError(f"mode must be one of {AC_MODES}, got {mode!r}")
     modules = dict(module.named_modules())
     for name in names:
         if name not in modules:
             raise KeyError(f"{name!r} is not a submodule; submodules: {sorted(modules)[1:]}")
         block = modules[name]
-        if getattr(block, _MARK, False):
+        done = getattr(block, _MARK, None)
+        if done == mode:
             continue
-        block.forward = _checkpointed(block.forward)
-        setattr(block, _MARK, True)
+        if done is not None:
+            raise ValueError(f"{name!r} is already checkpointed with mode={done!r}, not {mode!r}")
+        if mode == "full":
+            block.forward = _checkpointed(block.forward)
+        else:
+            cores = [m for m in block.modules() if isinstance(m, SelfAttention)]
+            if not cores:
+                raise ValueError(
+                    f"{name!r} has no SelfAttention: selective recomputation checkpoints "
+                    "SelfAttention.core (the attention core) and there is none to checkpoint"
+                )
+            for attn in cores:
+                attn.core = _checkpointed(attn.core)
+        setattr(block, _MARK, mode)
     return module
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    """Whether ``apply_ac`` made ``module`` recompute its activations."""
-    return getattr(module, _MARK, False)
+    """Whether ``apply_ac`` made ``module`` recompute its activations (in either mode)."""
+    return getattr(module, _MARK, None) is not None

@@ -4,7 +4,7 @@ Introduced in notebooks/17_expert_parallel.ipynb.
 
 Under expert parallelism each rank of the ep group holds ``E/ep`` experts and routes its own
 tokens; a token goes to the rank of its expert and its output comes back (GShard, Lepikhin et
-al. 2020, §3.2; Switch, Fedus et al. 2021, §2.3 "expert parallelism"). How many rows rank
+al. 2020, §3.2; Switch, Fedus et al. 2021, §5.4 "Expert and Data Parallelism"). How many rows rank
 ``i`` sends to rank ``j`` depends on the routing, so the splits are uneven and change every
 step: the ranks first **exchange their counts** (``exchange_counts``, one small all-to-all of
 per-expert counts), then move the rows with those splits.

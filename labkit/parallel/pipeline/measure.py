@@ -21,7 +21,8 @@ carries a message hop, so measured ≥ theory by the hop's share (notebook 11's 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -105,6 +106,8 @@ class BubbleRow:
         measured: the measured one (``measured_bubble_fraction``).
         step_ms: the measured step, first action to last, on any rank.
         ideal_ms: the step the theory predicts: ``3mc / (1 − theory)``.
+        timeline: the timed step's ``lk.trace.Timeline`` (for ``lk.viz.schedule_vs_timeline``);
+            not part of the row's equality or repr.
     """
 
     kind: str
@@ -115,6 +118,7 @@ class BubbleRow:
     measured: float
     step_ms: float
     ideal_ms: float
+    timeline: Any = field(default=None, compare=False, repr=False)
 
     @property
     def ratio(self) -> float:
@@ -198,5 +202,5 @@ def measure_bubbles(
         theory = _theory(kind, p, m, v)
         measured = measured_bubble_fraction(timeline)
         ideal_ms = 3 * m * compute_ms / (1 - theory)
-        rows.append(BubbleRow(kind, p, m, v, theory, measured, step_ms, ideal_ms))
+        rows.append(BubbleRow(kind, p, m, v, theory, measured, step_ms, ideal_ms, timeline))
     return rows

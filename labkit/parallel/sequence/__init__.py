@@ -19,6 +19,7 @@ from labkit.parallel.sequence.apply import (
     find_blocks,
     reduce_sequence_parallel_grads,
     sequence_parallel_params,
+    sum_coalesced,
 )
 from labkit.parallel.sequence.comm import (
     SEQ_DIM,
@@ -61,4 +62,5 @@ __all__ = [
     "scatter_to_sequence",
     "sequence_parallel_params",
     "split_sequence",
+    "sum_coalesced",
 ]

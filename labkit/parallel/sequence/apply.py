@@ -39,6 +39,7 @@ __all__ = [
     "find_blocks",
     "reduce_sequence_parallel_grads",
     "sequence_parallel_params",
+    "sum_coalesced",
 ]
 
 MARK = "sequence_parallel"  # the attribute Megatron-LM sets on such parameters
@@ -183,10 +184,23 @@ def reduce_sequence_parallel_grads(
     grads = [p.grad for p in sequence_parallel_params(module) if p.grad is not None]
     if not grads or dist.get_world_size(group) == 1:
         return 0
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    return sum_coalesced(grads, group)
+
+
+def sum_coalesced(tensors: list[torch.Tensor], group: dist.ProcessGroup | None = None) -> int:
+    """Sum each tensor over ``group`` in place, with one all-reduce of them flattened together.
+
+    Args:
+        tensors: the partial sums (e.g. gradients), any shapes, one dtype and device.
+        group: the group to sum over (None: the default group).
+
+    Returns:
+        int: the number of elements all-reduced.
+    """
+    flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat, group=group)
     offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
     return flat.numel()
