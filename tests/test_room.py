@@ -15,6 +15,7 @@ import pytest
 
 from labkit import room
 from labkit.preflight.room import check_room_seat
+from tests.ast_parse import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,7 +132,7 @@ def test_environment_and_docker_device_requests():
 def test_the_module_stands_alone_for_the_hub():
     """The hub loads labkit/room.py by path, without labkit, torch or anything outside the
     standard library (its image installs none of them)."""
-    tree = ast.parse((ROOT / "labkit" / "room.py").read_text())
+    tree = parse((ROOT / "labkit" / "room.py").read_text())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
