@@ -57,8 +57,13 @@ def missing() -> str | None:
     """Why a room cannot run here, or None."""
     if shutil.which("jupyterhub", path=str(Path(sys.executable).parent)) is None:
         return "jupyterhub is not installed in this venv (pip install -r requirements-dev.txt)"
-    if proxy_binary() is None:
-        return "configurable-http-proxy not found: `make room-test` installs it with npm"
+    chp = proxy_binary()
+    if chp is None:
+        return "configurable-http-proxy not found: `make room-proxy` installs it with npm"
+    try:  # an install cut short can leave a link to a proxy that cannot start
+        subprocess.run([chp, "--version"], capture_output=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"configurable-http-proxy at {chp} does not run ({e}): `make room-proxy` again"
     return None
 
 
