@@ -16,7 +16,12 @@ of all rounds are pooled, so a slow minute of the machine hits both. Reported:
   fraction of it;
 - how well the α-β model fitted on point-to-point times only (``lk.bench.p2p_pingpong`` on 2
   ranks, ``lk.costmodel.fit``) predicts the all-reduce time (ring, Thakur, Rabenseifner and
-  Gropp 2005): the median relative error |predicted − measured| / measured over sizes ≥ 64 KB.
+  Gropp 2005): the median relative error |predicted − measured| / measured over sizes ≥ 64 KB;
+- the targets: labkit_shm's 16 MB busbw at least 5x gloo's with 2 ranks, 4x with 4;
+- what bounds labkit_shm: the memory work of its all-reduce alone (its copies and reduction
+  passes, ``lk.costmodel.recipes``, priced at the rates ``lk.bench.measure_probes`` measures
+  while every rank copies at once — a rank per core, or two), against its measured time and
+  gloo's: gloo's time over that work is the largest busbw ratio any synchronisation could give.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ SIZES = [8, 1 << 10, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]  # bytes
 P2P_SIZES = [8, 1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
 BIG = 1 << 24
 FIT_FROM = 1 << 16  # the model's error is taken over sizes >= 64 KB
+TARGET = {2: 5.0, 4: 4.0}  # labkit_shm / gloo, 16 MB busbw
 
 
 def memcpy_gbps(n_bytes: int, repeats: int = 15) -> float:
@@ -121,8 +127,40 @@ def model_error(p2p_rows: list, ar_rows: list, stat: str) -> tuple[lk.Network, f
     return net, statistics.median(errors), statistics.median(ratios)
 
 
+def bound_lines(results: dict, world_sizes: list[int], machine) -> list[str]:
+    """labkit_shm's 16 MB time against the memory work of its algorithm alone, and gloo's."""
+    lines = [
+        "",
+        "16 MB all-reduce against labkit_shm's own memory work (its copies and reduction "
+        "passes at the rates measured while every rank copies at once; fastest samples, "
+        "ms), and the targets (labkit_shm / gloo busbw, medians / fastest):",
+        "",
+        "| ranks | labkit_shm | its memory work | labkit_shm / work | gloo | gloo / work "
+        "(the ceiling) | busbw ratio | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in world_sizes:
+        s = {r.n_bytes: r for r in results[("labkit_shm", p)]}[BIG]
+        g = {r.n_bytes: r for r in results[("gloo", p)]}[BIG]
+        terms = lk.costmodel.collective_terms(machine, "labkit_shm", "all_reduce", BIG, p)
+        work = terms["copy"] + terms["reduce"]
+        ratio = (g.time_s / s.time_s, g.time_min_s / s.time_min_s)
+        met = "met" if ratio[0] >= TARGET[p] else "missed"
+        lines.append(
+            f"| {p} | {s.time_min_s * 1e3:.2f} | {work * 1e3:.2f} | {s.time_min_s / work:.2f} | "
+            f"{g.time_min_s * 1e3:.2f} | {g.time_min_s / work:.2f} | {ratio[0]:.2f} / "
+            f"{ratio[1]:.2f} | ≥ {TARGET[p]:g}: {met} |"
+        )
+    return lines
+
+
 def report(
-    results: dict, world_sizes: list[int], copy: dict[int, float], load: list[float], args
+    results: dict,
+    world_sizes: list[int],
+    copy: dict[int, float],
+    load: list[float],
+    args,
+    machine=None,
 ) -> str:
     cmd = ".venv/bin/python benchmarks/backends.py " + " ".join(sys.argv[1:])
     lines = [
@@ -171,6 +209,8 @@ def report(
         lat = (s[8].time_s / g[8].time_s, s[8].time_min_s / g[8].time_min_s)
         bus = (s[BIG].busbw_gbps / g[BIG].busbw_gbps, best_busbw(s[BIG]) / best_busbw(g[BIG]))
         lines.append(f"| {p} | {lat[0]:.2f} / {lat[1]:.2f} | {bus[0]:.2f} / {bus[1]:.2f} |")
+    if machine is not None:
+        lines += bound_lines(results, world_sizes, machine)
     lines += [
         "",
         "Cost model fitted on 2-rank ping-pong only (`lk.costmodel.fit`), predicting the ring "
@@ -203,13 +243,15 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     copy = {n: memcpy_gbps(n) for n in (BIG, 4 * BIG)}
     results = measure(world_sizes, args.iters, args.rounds)
+    probes = lk.bench.measure_probes(BACKENDS, world_sizes, fast=True)
+    machine = lk.costmodel.calibrate.machine_from_probes(probes, "min")
     load.append(os.getloadavg()[0])
     copy_after = {n: memcpy_gbps(n) for n in copy}  # before and after: the machine drifts
     copy = {n: (copy[n] + copy_after[n]) / 2 for n in copy}
     for (backend, p), rows in results.items():
         print(f"# {backend}, {'2 ranks, p2p' if p == 'p2p' else f'{p} ranks, all_reduce'}")
         print(lk.bench.format_table(rows))
-    text = report(results, world_sizes, copy, load, args)
+    text = report(results, world_sizes, copy, load, args, machine)
     print(text)
     if args.out:
         with open(args.out, "a") as f:

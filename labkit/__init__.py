@@ -63,6 +63,8 @@ _LAZY_ATTRS = {
     "check_versions": ("labkit.preflight.cluster", "check_versions"),
     "Network": ("labkit.costmodel", "Network"),
     "World": ("labkit.ranks", "World"),
+    "language": ("labkit.lang", "language"),
+    "set_language": ("labkit.lang", "set_language"),
 }
 
 __all__ = [
@@ -90,6 +92,7 @@ __all__ = [
     "gpu_count",
     "launch_choice",
     "launch",
+    "language",
     "memory",
     "mesh",
     "models",
@@ -103,6 +106,7 @@ __all__ = [
     "record",
     "recorded",
     "section_gpus",
+    "set_language",
     "shutdown",
     "stretch",
     "trace",

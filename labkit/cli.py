@@ -27,6 +27,8 @@ examples:
   labkit course run --world-size 2 --backend gloo --output /tmp/course
   labkit course run --device cuda --backend nccl --world-size 2 --param seed=3
   labkit course list                       show the notebooks and their parameters
+  labkit course translate --lang zh-CN     write notebooks/zh-CN/ from its catalogues
+  labkit course run --fast --lang zh-CN    run the course in Chinese
   labkit doctor                            check Python, torch, backends and ports
   labkit bench --world-size 4 --sizes 1K 1M time all_reduce: time, algbw, busbw per size
 
@@ -129,7 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
         f"its notebook fails; 0: no limit (default: {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
     run.add_argument("--no-progress", action="store_true", help="hide the per-cell progress bar")
+    run.add_argument(
+        "--lang",
+        metavar="LANG",
+        help="run the course in a translation, e.g. zh-CN (notebooks/zh-CN/, feedback in it)",
+    )
     run.set_defaults(func=_course_run)
+
+    translate = course_sub.add_parser(
+        "translate",
+        help="write a translation of the notebooks from their catalogues (notebooks/i18n/)",
+        description=(
+            "Write notebooks/LANG/ from the English notebooks and the catalogues in "
+            "notebooks/i18n/LANG/ (translated markdown; code cells copied). Refuses, listing "
+            "each cell, when a translation is missing or stale."
+        ),
+    )
+    translate.add_argument("--lang", required=True, metavar="LANG", help="e.g. zh-CN")
+    translate.add_argument(
+        "--check", action="store_true", help="only list missing or stale translations"
+    )
+    translate.add_argument("--notebooks", metavar="DIR", help="notebooks folder")
+    translate.set_defaults(func=_course_translate)
 
     listing = course_sub.add_parser(
         "list",
@@ -219,6 +242,12 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _course_translate(args: argparse.Namespace) -> int:
+    from labkit.course.translate import command
+
+    return command(args.notebooks, args.lang, check=args.check)
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
@@ -227,8 +256,13 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _course_run(args: argparse.Namespace) -> int:
     from labkit.course import course_parameters, find_notebooks, run_course, select_notebooks
 
+    notebooks_dir = args.notebooks
     try:  # every refusal happens here, before any notebook runs
-        notebooks = select_notebooks(find_notebooks(args.notebooks), args.only)
+        if args.lang:
+            from labkit.course.translate import translated_dir
+
+            notebooks_dir = translated_dir(args.notebooks, args.lang, args.only)
+        notebooks = select_notebooks(find_notebooks(notebooks_dir), args.only)
         parameters = course_parameters(
             fast=args.fast,
             world_size=args.world_size,
@@ -242,8 +276,12 @@ def _course_run(args: argparse.Namespace) -> int:
     if not notebooks:
         print("labkit: error: no notebooks named NN_*.ipynb to run", file=sys.stderr)
         return 2
+    if args.lang:  # the kernels inherit it: exercise feedback in the course's language
+        import os
+
+        os.environ["LABKIT_LANG"] = args.lang
     results = run_course(
-        args.notebooks,
+        notebooks_dir,
         args.output,
         only=args.only,
         parameters=parameters,

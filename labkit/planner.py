@@ -31,6 +31,13 @@ sequences, with Ψ parameters, L layers, width h and sequence length s:
   adds two parameter all-gathers per micro-batch, ZeRO §7.2), Megatron's 2 + 2 all-reduces
   of b·s·h activations per layer over tp (Shoeybi et al. 2019, §3), and pp's point-to-point
   activations and gradients (2m messages of b·s·h per device).
+
+With a calibrated ``MachineModel`` and the model's ``Workload`` (``plan(...,
+calibrated=Calibrated(machine, workload, backend))``, notebook 21) the step time is instead
+``labkit.plan_time.step_time``: what labkit's implementations do on that machine (per-unit
+ZeRO/FSDP2 collectives, DDP's buckets, Megatron's per-layer all-reduces, 1F1B played through
+with its hops, Adam and the step's Python), each collective priced by the calibrated model;
+the memory model is the same.
 """
 
 from __future__ import annotations
@@ -38,14 +45,44 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from labkit.costmodel import Network
+from labkit.costmodel import MachineModel, Network
 from labkit.memory import STAGES
 from labkit.parallel.dims import ParallelDims
 from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
 from labkit.plan_recompute import RECOMPUTE_MODES, recompute_label
 from labkit.plan_specs import DeviceSpec, ModelSpec, PlanError, _positive_int
+from labkit.plan_time import StepTime, collective_counts, step_time
+from labkit.plan_workload import LayerCost, Workload, transformer_workload
 
-__all__ = ["DeviceSpec", "ModelSpec", "Plan", "PlanError", "plan"]
+__all__ = [
+    "Calibrated",
+    "DeviceSpec",
+    "LayerCost",
+    "ModelSpec",
+    "Plan",
+    "PlanError",
+    "StepTime",
+    "Workload",
+    "collective_counts",
+    "plan",
+    "step_time",
+    "transformer_workload",
+]
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What ``plan`` needs to price steps with the calibrated model instead of the textbook's.
+
+    Attributes:
+        machine: the ``MachineModel`` (``lk.bench.calibrate``).
+        workload: the model's ``Workload`` (``lk.bench.workload_from_model``).
+        backend: the backend the ranks will use (a name in ``machine.backends``).
+    """
+
+    machine: MachineModel
+    workload: Workload
+    backend: str
 
 
 @dataclass(frozen=True)
@@ -67,6 +104,7 @@ class Plan:
         microbatch_size: b = B/(dp·m) sequences (0 when B is not divisible by dp·m).
         recompute: activation recomputation: ``"none"``, ``"selective"`` or ``"full"``.
         recompute_s: the part of ``step_s`` spent recomputing activations.
+        step: the calibrated model's ``StepTime`` (None with the textbook model).
     """
 
     dp: int
@@ -86,6 +124,7 @@ class Plan:
     microbatch_size: int = 0
     recompute: str = "none"
     recompute_s: float = 0.0
+    step: StepTime | None = None
 
     @property
     def label(self) -> str:
@@ -119,6 +158,7 @@ def _one_plan(
     mixed: bool,
     tp_ar: int,
     recompute: str = "none",
+    calibrated: Calibrated | None = None,
 ) -> Plan:
     """The ``Plan`` of one (grid, ZeRO stage, m, recompute), from ``labkit.plan_estimates``'s
     ``memory_estimate``, ``time_estimate`` and ``cannot_run``."""
@@ -141,6 +181,26 @@ def _one_plan(
     mem = memory_estimate(model, dims, stage, m, mixed, recompute)
     time = time_estimate(model, devices, nets, dims, stage, m, mixed, tp_ar, recompute)
     over = cannot_run(model, devices, dims, m, mem.total)
+    if calibrated is not None:
+        c, zero = calibrated, stage if dims.dp > 1 else 0
+        st = step_time(c.workload, c.machine, c.backend, dims, zero, zero == 3 and dims.tp > 1, m)
+        # recomputation: the same share of the compute as its FLOPs are of the textbook's
+        again = st.compute_s * time.recompute / time.compute if time.compute else 0.0
+        return Plan(
+            **grid,
+            memory_bytes=mem.total,
+            step_s=st.step_s + again,
+            compute_s=st.compute_s,
+            comm_s=st.step_s - st.compute_s - st.bubble_s,
+            bubble_s=st.bubble_s,
+            feasible=not over,
+            reasons=[*mem.reasons, *st.reasons, f"step {st.step_s + again:.4g} s", *over],
+            breakdown=mem.breakdown,
+            comm=st.comm,
+            microbatch_size=mem.microbatch_size,
+            recompute_s=again,
+            step=st,
+        )
     return Plan(
         **grid,
         memory_bytes=mem.total,
@@ -168,6 +228,7 @@ def plan(
     intra_node: Network | None = None,
     tp_all_reduces_per_layer: int = 4,
     recompute: tuple[str, ...] = ("none",),
+    calibrated: Calibrated | None = None,
 ) -> list[Plan]:
     """Every (dp, pp, tp, ZeRO stage, micro-batches, recompute) for ``devices.count`` devices,
     best first.
@@ -191,6 +252,9 @@ def plan(
             parallelism (4: Megatron's transformer layer; 2: an MLP block alone).
         recompute: activation-recomputation modes to try, a non-empty subset of ``("none",
             "selective", "full")`` (default: none, the planner of notebook 18).
+        calibrated: price each step with ``step_time`` on a calibrated machine (this
+            module's docstring; recomputation as the textbook's share of the compute);
+            None: the textbook model above.
 
     Returns:
         Feasible plans sorted by ``step_s`` (then memory), then infeasible ones (over memory
@@ -224,9 +288,8 @@ def plan(
         for stage in dict.fromkeys(stages):
             for m in ms:
                 for r in modes:
-                    plans.append(
-                        _one_plan(model, devices, nets, dims, stage, m, mixed_precision, tp_ar, r)
-                    )
+                    args = (model, devices, nets, dims, stage, m, mixed_precision, tp_ar, r)
+                    plans.append(_one_plan(*args, calibrated=calibrated))
 
     def key(p: Plan) -> tuple:
         broken = math.isnan(p.step_s)

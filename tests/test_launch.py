@@ -335,8 +335,8 @@ def _ddp_steps(rank, world_size, steps):
 
 @pytest.mark.slow
 def test_repeated_ddp_launches_survive_gloo_teardown():
-    """gloo can abort a process at exit after DDP (FINDINGS.md); results arrive before teardown
-    and a rank's exit after its result is never the learner's failure."""
+    """gloo can abort a process at exit after DDP (seen on these machines); results arrive
+    before teardown and a rank's exit after its result is never the learner's failure."""
     for _ in range(6):
         assert lk.launch(_ddp_steps, world_size=3, args=(3,)) == [True, True, True]
 

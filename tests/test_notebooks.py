@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from labkit.course import run_notebook
@@ -44,6 +45,28 @@ def test_notebook_runs_fast(path: Path, tmp_path: Path) -> None:
             f"{err.traceback if err else ''}",
             pytrace=False,
         )
+
+
+# Executed in Chinese in every run (the whole Chinese course: `labkit course run --fast --lang
+# zh-CN`); two short notebooks, each with an exercise whose verdict must come out in Chinese.
+ZH_SAMPLE = ("15", "16")
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("number", ZH_SAMPLE)
+def test_chinese_notebook_runs_fast(number: str, tmp_path: Path, monkeypatch) -> None:
+    (path,) = (ROOT / "notebooks" / "zh-CN").glob(f"{number}_*.ipynb")
+    monkeypatch.setenv("LABKIT_LANG", "zh-CN")  # as `labkit course run --lang zh-CN` sets it
+    result = run_notebook(path, tmp_path, {"fast": True}, cell_timeout=NOTEBOOK_CELL_TIMEOUT_S)
+    err = result.error
+    assert result.ok, f"zh-CN/{path.name}: {err.ename if err else ''}: {err.evalue if err else ''}"
+    outputs = "".join(
+        "".join(o.get("text", "")) if o.get("output_type") == "stream" else ""
+        for c in nbformat.read(result.output_path, as_version=4).cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
+    assert "尚未作答——参考答案通过了这项检查" in outputs, "the exercise verdict is not in Chinese"
 
 
 def _collected(*args: str) -> list[str]:

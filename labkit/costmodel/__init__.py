@@ -16,9 +16,13 @@ Modules: ``network`` (``Network``, presets, ``fit``), ``terms`` (``CostTerms``),
 (``cost_terms`` per collective and algorithm), ``pipelined`` (the pipelined tree all-reduce,
 whose cost depends on its segment count), ``bandwidth`` (busbw factors), ``predict``
 (predictions, crossover, what-if), ``ddp`` (a bucketed backward on one link, PowerSGD's
-sizes), ``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
+sizes), ``fsdp`` (an FSDP step on one link, with and without asynchronous prefetch),
+``sequence_parallel`` and ``ring_attention`` (collectives and messages per step of
 notebooks 15 and 16), ``moe`` (expert capacity and the all-to-all bytes of expert
-parallelism). Nothing here imports torch.
+parallelism); and the model calibrated on a machine: ``recipes`` (what each backend's
+implementation does per call), ``machine`` (``MachineModel``, ``predict_collective``),
+``calibrate`` (from microbenchmark samples to a ``MachineModel``; ``lk.bench.calibrate``
+measures them). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ from labkit.costmodel.formulas import (
     SEGMENTED,
     CostTerms,
     cost_terms,
+)
+from labkit.costmodel.fsdp import FsdpStepTime, fsdp_step_s
+from labkit.costmodel.machine import (
+    BackendCosts,
+    MachineModel,
+    collective_terms,
+    predict_collective,
 )
 from labkit.costmodel.moe import expert_capacity, moe_all_to_all_bytes, uniform_tokens_sent
 from labkit.costmodel.network import PRESETS, Network, fit
@@ -52,13 +63,16 @@ from labkit.costmodel.sequence_parallel import (
 
 __all__ = [
     "ALGORITHMS",
+    "BackendCosts",
     "COLLECTIVES",
     "DEFAULT_ALGORITHM",
     "LABELS",
+    "MachineModel",
     "PRESETS",
     "RingTraffic",
     "SEGMENTED",
     "CostTerms",
+    "FsdpStepTime",
     "Network",
     "algbw",
     "best_algorithm",
@@ -66,15 +80,18 @@ __all__ = [
     "bucketed_backward_s",
     "busbw",
     "busbw_factor",
+    "collective_terms",
     "cost_terms",
     "crossover_bytes",
     "expert_capacity",
     "fit",
+    "fsdp_step_s",
     "moe_all_to_all_bytes",
     "pipelined_tree_terms",
     "powersgd_numel",
     "predict",
     "predict_all",
+    "predict_collective",
     "ring_attention_traffic",
     "sequence_parallel_collectives",
     "tensor_parallel_collectives",

@@ -152,6 +152,66 @@ def launches_text(launches: Sequence[dict[str, Any]]) -> str:
     return ", ".join(parts) or "no launch"
 
 
+# The report's words, per language (``labkit course run --lang``; ``labkit.lang``).
+WORDS = {
+    "en": {
+        "title": "labkit course report",
+        "summary": "{n} notebooks, {verdict}, {seconds:.1f} s in all",
+        "all_ok": "all ok",
+        "failed": "{n} failed",
+        "machine": "Machine",
+        "notebooks": "Notebooks",
+        "columns": (
+            "notebook",
+            "status",
+            "seconds",
+            "backend/device ×ranks",
+            "recorded",
+            "figures",
+        ),
+        "line": "{seconds:.1f} s · parameters: {parameters} · ranks ran on: {launches} · "
+        "executed notebook: {link}",
+        "defaults": "defaults",
+        "recorded": "Recorded numbers",
+        "figures": "Figures",
+        "figure_alt": "figure {i} of {name}",
+        "error": "Error",
+        "raised": "{where} raised <b>{ename}</b>: ",
+        "cell": "cell {n}",
+        "the_notebook": "the notebook",
+        "failing_cell": "Failing cell",
+        "traceback": "Traceback",
+    },
+    "zh-CN": {
+        "title": "labkit 课程运行报告",
+        "summary": "{n} 个笔记本，{verdict}，共 {seconds:.1f} 秒",
+        "all_ok": "全部通过",
+        "failed": "{n} 个失败",
+        "machine": "机器",
+        "notebooks": "笔记本",
+        "columns": ("笔记本", "状态", "秒", "后端/设备 ×rank 数", "记录的数值", "图"),
+        "line": "{seconds:.1f} 秒 · 参数：{parameters} · rank 运行于：{launches} · "
+        "执行后的笔记本：{link}",
+        "defaults": "默认值",
+        "recorded": "记录的数值",
+        "figures": "图",
+        "figure_alt": "{name} 的第 {i} 张图",
+        "error": "错误",
+        "raised": "{where} 抛出了 <b>{ename}</b>：",
+        "cell": "第 {n} 个单元格",
+        "the_notebook": "该笔记本",
+        "failing_cell": "出错的单元格",
+        "traceback": "回溯",
+    },
+}
+
+
+def _words() -> dict[str, Any]:
+    from labkit.lang import language
+
+    return WORDS.get(language(), WORDS["en"])
+
+
 def write_report(
     results: Sequence[NotebookResult],
     output_dir: str | Path,
@@ -215,18 +275,24 @@ def _link(result: NotebookResult, output_dir: Path) -> str:
 
 
 def _section(result: NotebookResult, output_dir: Path) -> list[str]:
+    w = _words()
+    link = f'<a href="{_e(_link(result, output_dir))}">{_e(result.output_path.name)}</a>'
+    parameters = _e(json.dumps(result.parameters)) if result.parameters else w["defaults"]
     parts = [
         f'<section id="{_anchor(result.name)}">',
         f'<h2>{_e(result.name)} <span class="status {_e(result.status)}">'
         f"{_e(result.status)}</span></h2>",
-        f"<p>{result.seconds:.1f} s · parameters: "
-        f"{_e(json.dumps(result.parameters)) if result.parameters else 'defaults'} · "
-        f"ranks ran on: {_e(launches_text(result.launches))} · "
-        f'executed notebook: <a href="{_e(_link(result, output_dir))}">'
-        f"{_e(result.output_path.name)}</a></p>",
+        "<p>"
+        + w["line"].format(
+            seconds=result.seconds,
+            parameters=parameters,
+            launches=_e(launches_text(result.launches)),
+            link=link,
+        )
+        + "</p>",
     ]
     if result.records:
-        parts.append("<h3>Recorded numbers</h3><table>")
+        parts.append(f"<h3>{w['recorded']}</h3><table>")
         parts += [
             f'<tr><th>{_e(k)}</th><td class="num">{_e(_fmt(v))}</td></tr>'
             for k, v in result.records.items()
@@ -234,22 +300,27 @@ def _section(result: NotebookResult, output_dir: Path) -> list[str]:
         parts.append("</table>")
     figures = _figures(result)
     if figures:
-        parts.append("<h3>Figures</h3>")
+        parts.append(f"<h3>{w['figures']}</h3>")
         parts += [
-            f'<img src="data:image/png;base64,{_e(png)}" alt="figure {i} of {_e(result.name)}">'
+            f'<img src="data:image/png;base64,{_e(png)}" '
+            f'alt="{_e(w["figure_alt"].format(i=i, name=result.name))}">'
             for i, png in enumerate(figures, 1)
         ]
     if result.error is not None:
         err = result.error
-        where = f"cell {err.cell_index + 1}" if err.cell_index is not None else "the notebook"
+        where = (
+            w["cell"].format(n=err.cell_index + 1)
+            if err.cell_index is not None
+            else w["the_notebook"]
+        )
         parts.append(
-            f"<h3>Error</h3><p>{_e(where)} raised <b>{_e(err.ename)}</b>: "
+            f"<h3>{w['error']}</h3><p>{w['raised'].format(where=_e(where), ename=_e(err.ename))}"
             f'<span class="evalue">{_e(err.evalue)}</span></p>'
         )
         if result.failing_cell is not None:
-            parts.append(f"<h4>Failing cell</h4><pre>{_e(result.failing_cell)}</pre>")
+            parts.append(f"<h4>{w['failing_cell']}</h4><pre>{_e(result.failing_cell)}</pre>")
         if err.traceback:
-            parts.append(f"<h4>Traceback</h4><pre>{_e(err.traceback)}</pre>")
+            parts.append(f"<h4>{w['traceback']}</h4><pre>{_e(err.traceback)}</pre>")
     parts.append("</section>")
     return parts
 
@@ -267,24 +338,28 @@ def render_html(
     Returns:
         The HTML text.
     """
+    from labkit.lang import language
+
+    w = _words()
     output_dir = Path(output_dir)
     failed = [r for r in results if not r.ok]
     total_s = sum(r.seconds for r in results)
-    verdict = "all ok" if not failed else f"{len(failed)} failed"
+    verdict = w["all_ok"] if not failed else w["failed"].format(n=len(failed))
+    summary = w["summary"].format(n=len(results), verdict=verdict, seconds=total_s)
+    lang = language() if language() in WORDS else "en"
     parts = [
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-        "<title>labkit course report</title>",
+        f'<!DOCTYPE html>\n<html lang="{lang}"><head><meta charset="utf-8">',
+        f"<title>{w['title']}</title>",
         f"<style>{_CSS}</style></head><body>",
-        "<h1>labkit course report</h1>",
-        f'<p class="muted">{len(results)} notebooks, {_e(verdict)}, {total_s:.1f} s in all</p>',
-        "<h2>Machine</h2><table>",
+        f"<h1>{w['title']}</h1>",
+        f'<p class="muted">{_e(summary)}</p>',
+        f"<h2>{w['machine']}</h2><table>",
     ]
     for key, value in machine.items():
         shown = (", ".join(value) or "none") if isinstance(value, list) else value
         parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
-    parts.append("</table><h2>Notebooks</h2><table>")
-    parts.append("<tr><th>notebook</th><th>status</th><th>seconds</th>")
-    parts.append("<th>backend/device ×ranks</th><th>recorded</th><th>figures</th></tr>")
+    parts.append(f"</table><h2>{w['notebooks']}</h2><table>")
+    parts.append("<tr>" + "".join(f"<th>{c}</th>" for c in w["columns"]) + "</tr>")
     for r in results:
         parts.append(
             f'<tr><td><a href="#{_anchor(r.name)}">{_e(r.name)}</a></td>'

@@ -12,6 +12,8 @@ notebook:
 A learner function that still raises ``NotImplementedError`` is reported as "not attempted",
 and the reference solution is checked in its place so the notebook still runs end to end
 (headless course runs rely on that). A wrong answer raises ``ExerciseFailed`` with what differs.
+The verdict and the message are in the learner's language (``labkit.lang``; the translations
+are in ``messages/<lang>.json``, see ``_messages``).
 The tests run every reference solution and a known-wrong one through each checker.
 
 Notebook modules register exercises with ``@exercise(name, reference=...)``; each lives in
@@ -122,22 +124,24 @@ def check(name: str, fn: Callable) -> CheckResult:
     Raises:
         ExerciseFailed: the answer is wrong; the message says what differs.
     """
+    from labkit.exercises._messages import translate, verdict
+
     ex = get(name)
     try:
         detail = ex.checker(fn)
     except ExerciseFailed as exc:
-        print(f"✗ {name}: {exc}")
+        # In the learner's language (lk.language()): the printed line and the raised message.
+        message = translate(str(exc))
+        exc.args = (message,)
+        print(verdict("wrong", name=name, message=message))
         raise
     except BaseException as exc:
         if not _not_attempted(exc):
             raise
         detail = ex.checker(ex.reference)
-        print(
-            f"… {name}: not attempted yet — the reference solution passes this check. "
-            "Replace the NotImplementedError with your code and run the cell again."
-        )
+        print(verdict("reference", name=name))
         return CheckResult(name, "reference", detail)
-    print(f"✓ {name}: correct")
+    print(verdict("correct", name=name))
     return CheckResult(name, "passed", detail)
 
 

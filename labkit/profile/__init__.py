@@ -17,7 +17,8 @@ In the notebook::
 ``measure_speedups`` (run on every rank) times a baseline and its variants in interleaved
 rounds. ``saved_tensors`` (notebooks 15–16) records what autograd keeps for backward,
 ``largest_tensor`` (notebook 16) the largest tensor a block of code makes, ``matmul_flops``
-(notebook 16) the FLOPs of its matrix products.
+(notebook 16) the FLOPs of its matrix products; ``count_flops`` and ``mfu`` (``mfu.py``,
+notebook 20) the model FLOPs of a step and the share of the peak they use.
 Importing this package imports torch only when a profile is taken.
 """
 
@@ -32,6 +33,7 @@ from labkit.profile.gpu_memory import (
     cuda_tensor_bytes,
 )
 from labkit.profile.largest import LargestTensor, largest_tensor
+from labkit.profile.mfu import count_flops, dense_training_flops, mfu
 from labkit.profile.profiler import (
     CommComputeRow,
     OpRow,
@@ -73,9 +75,11 @@ __all__ = [
     "check_profiler_trace",
     "collective_threads",
     "comm_compute",
+    "count_flops",
     "cuda_block_bytes",
     "cuda_memory",
     "cuda_tensor_bytes",
+    "dense_training_flops",
     "gpu_kernels",
     "is_comm_op",
     "is_nccl_kernel",
@@ -83,6 +87,7 @@ __all__ = [
     "matmul_flops",
     "measure_speedups",
     "merge_traces",
+    "mfu",
     "nccl_overlap",
     "profile_steps",
     "saved_tensors",

@@ -3,8 +3,10 @@
 A learner's first minutes, end to end: JupyterLab on 127.0.0.1 with a random token, a small
 notebook opened in headless Chromium (Debian's ``/usr/bin/chromium``, driven by Playwright),
 Run → Run All Cells, then the DOM must hold a rendered ipywidgets slider and the launch
-cell's ``[rank 0]`` / ``[rank 1]`` lines. The screenshot lands in
-``test-artifacts/browser.png`` (``LABKIT_TEST_ARTIFACTS`` moves it).
+cell's ``[rank 0]`` / ``[rank 1]`` lines. Then, in the same server, a notebook under ``zh-CN/``
+(notebook 05's exercise, its Chinese text from the catalogue, a wrong answer): the checker's
+feedback must be Chinese, found from the notebook's folder alone. The screenshots land in
+``test-artifacts/browser.png`` and ``browser-zh-CN.png`` (``LABKIT_TEST_ARTIFACTS`` moves them).
 
     .venv/bin/pytest -m browser tests/browser
 """
@@ -64,14 +66,13 @@ def hello(rank, world_size):
 print("launch returned", lk.launch(hello, world_size=slider.value, timeout=60))"""
 
 
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
 def write_notebook(folder: Path) -> str:
     """The notebook the browser runs: a slider, then a launch whose size the slider sets."""
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.cells = [
         nbformat.v4.new_markdown_cell("# Browser check"),
         nbformat.v4.new_code_cell(SLIDER_CELL),
@@ -81,8 +82,38 @@ def write_notebook(folder: Path) -> str:
     return "browser_check.ipynb"
 
 
-def run_all_cells(page, lab: Lab, url: str) -> tuple[str, str]:
-    """Open the notebook, Run → Run All Cells, wait for the launch; the slider's label, the text."""
+ZH_CELL = """\
+import labkit as lk
+
+
+def my_ring_cost(n_bytes, world_size, alpha, beta, gamma):
+    return 2 * (world_size - 1) * (alpha + n_bytes * beta)  # the whole tensor at every step
+
+
+lk.exercises.check("05_ring_cost", my_ring_cost)"""
+
+
+def write_chinese_notebook(folder: Path) -> str:
+    """Notebook 05's exercise in Chinese (its catalogue's text) with a wrong answer, in zh-CN/."""
+    from labkit.course import translate as tr
+
+    english = ROOT / "notebooks" / "05_communication_cost.ipynb"
+    catalogue = tr.load_catalogue(tr.catalogue_path(ROOT / "notebooks", "zh-CN", english))
+    source = nbformat.read(english, as_version=4)
+    exercise = next(c for c in source.cells if "Exercise: derive the ring" in c.source)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(catalogue["cells"][exercise.id]["text"]),
+        nbformat.v4.new_code_cell(ZH_CELL),
+    ]
+    (folder / "zh-CN").mkdir()
+    nbformat.write(nb, folder / "zh-CN" / "05_exercise.ipynb")
+    return "zh-CN/05_exercise.ipynb"
+
+
+def run_all_cells(page, lab: Lab, url: str, until: str) -> str:
+    """Open the notebook, Run → Run All Cells, wait for an output holding ``until``; the text."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     page.set_default_timeout(WAIT_MS)
@@ -100,12 +131,15 @@ def run_all_cells(page, lab: Lab, url: str) -> tuple[str, str]:
             if attempt == 2:
                 raise
     outputs = page.locator(".jp-OutputArea-output")
-    done = outputs.filter(has_text="launch returned").or_(outputs.filter(has_text="Error"))
+    done = outputs.filter(has_text=until).or_(outputs.filter(has_text="Error"))
     done.first.wait_for()  # an error shows at once instead of after the timeout
-    text = page.locator(".jp-Notebook").inner_text()
+    return page.locator(".jp-Notebook").inner_text()
+
+
+def slider_label(page) -> str:
     slider = page.locator(".jp-OutputArea-output .jupyter-widgets.widget-slider")
     slider.wait_for()
-    return slider.locator(".widget-label").inner_text(), text
+    return slider.locator(".widget-label").inner_text()
 
 
 def sync_playwright():
@@ -124,9 +158,10 @@ def test_widget_and_rank_output_render_in_jupyterlab(tmp_path):
         pytest.skip(f"no JupyterLab at {JUPYTER}")
     (tmp_path / "notebooks").mkdir()
     name = write_notebook(tmp_path / "notebooks")
+    zh_name = write_chinese_notebook(tmp_path / "notebooks")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTIFACTS / "browser.png"
-    for old in (shot, ARTIFACTS / "browser-failure.png"):
+    shot, zh_shot = ARTIFACTS / "browser.png", ARTIFACTS / "browser-zh-CN.png"
+    for old in (shot, zh_shot, ARTIFACTS / "browser-failure.png"):
         old.unlink(missing_ok=True)
     before = descendants()
     try:
@@ -136,10 +171,14 @@ def test_widget_and_rank_output_render_in_jupyterlab(tmp_path):
             )
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             try:
-                label, text = run_all_cells(
-                    page, lab, f"{lab.url}lab/tree/{name}?token={lab.token}"
-                )
+                url = f"{lab.url}lab/tree/{{}}?token={lab.token}"
+                text = run_all_cells(page, lab, url.format(name), "launch returned")
+                label = slider_label(page)
                 page.screenshot(path=str(shot), full_page=True)
+                # A workspace of its own: only this notebook open, Run All runs it.
+                zh_url = f"{lab.url}lab/workspaces/zh/tree/{zh_name}?token={lab.token}"
+                zh_text = run_all_cells(page, lab, zh_url, "05_ring_cost")
+                page.screenshot(path=str(zh_shot), full_page=True)
             except Exception:
                 with contextlib.suppress(Exception):  # keep the first error, not this one
                     page.screenshot(path=str(ARTIFACTS / "browser-failure.png"), full_page=True)
@@ -154,4 +193,7 @@ def test_widget_and_rank_output_render_in_jupyterlab(tmp_path):
     assert f"launch returned {list(range(WORLD_SIZE))}" in text, text
     assert "Traceback" not in text and "Error" not in text, text
     assert shot.stat().st_size > 10_000, "the screenshot is empty"
+    assert "练习" in zh_text and "✗ 05_ring_cost：" in zh_text, zh_text  # found by the folder
+    assert "带宽项不对" in zh_text and "the bandwidth term" not in zh_text, zh_text
+    assert zh_shot.stat().st_size > 10_000, "the Chinese screenshot is empty"
     assert not [p for p in descendants() - before if p.is_running()], "a process outlived it"

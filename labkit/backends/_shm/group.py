@@ -78,6 +78,11 @@ class ShmProcessGroup(CollectiveCalls, PythonProcessGroup):
     def __repr__(self) -> str:
         return f"ShmProcessGroup(rank={self._rank}, world_size={self._n})"
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes one rank's slot holds: what one round of a collective carries."""
+        return self._seg.layout.slot_bytes
+
     # -- the common path of every collective -----------------------------------------------
     def _desc(self, kind: str, t: torch.Tensor | None, **common) -> OpDesc:
         desc = OpDesc(kind, 0, describe(t) if t is not None else "", common)

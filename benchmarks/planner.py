@@ -1,0 +1,156 @@
+"""The planner's step time against the capstone's measured steps, every strategy, 2 and 4 ranks.
+
+Run:  .venv/bin/python benchmarks/planner.py [--rounds 2] [--steps 8] [--backend gloo]
+      [--out benchmarks/RESULTS.md]
+
+Every number comes from this run on this machine. Each round, one after the other:
+
+for 2 and then 4 ranks,
+
+1. calibration: ``lk.bench.calibrate`` (fast, medians: a training step pays typical calls,
+   not the best ones) and ``lk.bench.capstone_workload`` (TinyGPT's layers, Adam and one
+   single-process step timed on one thread): notebook 21's calibration;
+2. every strategy the capstone runs on that many ranks (DP, ZeRO-1/2/3,
+   FSDP2, PP, TP; on 4 ranks also DP×TP, FSDP2×TP and DP×PP; dp×pp×tp needs 8 ranks), each
+   trained ``--steps`` steps in one launch (``lk.capstone.run_jobs``), its median step after
+   the first (the slowest rank's) against ``lk.planner.step_time``'s prediction.
+
+Targets: predicted within 1.5x of measured for every strategy; the strategy predicted fastest
+is measured fastest or within 10 % of the fastest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import labkit as lk  # noqa: E402
+
+cap = lk.capstone
+NAMES = ("dp", "zero1", "zero2", "zero3", "fsdp", "pp", "tp", "dp_tp", "fsdp_tp", "dp_pp")
+RATIO, RANK_SLACK = 1.5, 1.10
+VERBOSE = "--verbose" in sys.argv
+
+
+def strategies(world_size: int) -> list:
+    out = []
+    for name in NAMES:
+        try:
+            out.append(cap.Strategy.parse(name, world_size))
+        except ValueError:
+            continue  # a 2-D strategy on 2 ranks
+    return out
+
+
+def one_round(steps: int, backend: str) -> dict:
+    config = cap.RunConfig(steps=steps, eval_every=steps, max_norm=0.5, warmup_steps=1)
+    out = {"calibration_s": [], "load": [], "rows": {}}
+    for p in (2, 4):  # calibrate right before the runs it predicts: the load drifts
+        t0 = time.perf_counter()
+        machine, _ = lk.bench.calibrate([backend], (2, p), fast=True, stat="median")
+        work = lk.bench.capstone_workload(config)
+        out["calibration_s"].append(time.perf_counter() - t0)
+        out["load"].append(os.getloadavg()[0])
+        ss = strategies(p)
+        runs = cap.run_jobs([(s, config) for s in ss], backend=backend, device="cpu", timeout=1800)
+        for s, ranks in zip(ss, runs, strict=True):
+            measured = statistics.median(ranks[0]["step_s"][1:])
+            st = lk.planner.step_time(
+                work, machine, backend, s.dims, s.zero_stage, s.fsdp, s.microbatches
+            )
+            out["rows"][(p, s.name)] = (st.step_s, measured)
+            if VERBOSE:
+                print(f"{p} ranks {s.name}: measured {measured * 1e3:.1f} ms", *st.reasons,
+                      sep="\n    ")  # fmt: skip
+    return out
+
+
+def report(rounds: list[dict], args, load: list[float]) -> str:
+    cmd = ".venv/bin/python benchmarks/planner.py " + " ".join(sys.argv[1:])
+    lines = [
+        "## The planner's step time against the capstone, every strategy",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"torch {torch.__version__}, backend {args.backend}; TinyGPT (dim 64, 4 layers, "
+        f"4 heads, T 32, batch 16), {args.steps} steps per strategy (median after the first); "
+        f"{len(rounds)} round(s); before the 2-rank and the 4-rank runs of each round a "
+        "calibration ("
+        + ", ".join(f"{t:.1f} s" for r in rounds for t in r["calibration_s"])
+        + f"); 1-minute load average {load[0]:.1f} before, "
+        + ", ".join(f"{x:.1f}" for r in rounds for x in r["load"])
+        + f" after each calibration, {load[1]:.1f} at the end. Command:",
+        "",
+        "```",
+        cmd.rstrip(),
+        "```",
+        "",
+        "Predicted / measured step in ms and measured / predicted, per round:",
+        "",
+        "| ranks | strategy | "
+        + " | ".join(f"round {i + 1}" for i in range(len(rounds)))
+        + " | measured, last round / first |",
+        "|---|---|" + "---|" * (len(rounds) + 1),
+    ]
+    within, total, ranking = 0, 0, []
+    for p in (2, 4):
+        for name in [n for n in NAMES if (p, n) in rounds[0]["rows"]]:
+            cells = []
+            for r in rounds:
+                pred, meas = r["rows"][(p, name)]
+                ratio = meas / pred
+                total += 1
+                within += 1 / RATIO <= ratio <= RATIO
+                cells.append(f"{pred * 1e3:.1f} / {meas * 1e3:.1f} ({ratio:.2f})")
+            drift = rounds[-1]["rows"][(p, name)][1] / rounds[0]["rows"][(p, name)][1]
+            lines.append(f"| {p} | {name} | " + " | ".join(cells) + f" | {drift:.2f} |")
+        for i, r in enumerate(rounds):
+            rows = {n: v for (q, n), v in r["rows"].items() if q == p}
+            first = min(rows, key=lambda n: rows[n][0])
+            fastest = min(rows, key=lambda n: rows[n][1])
+            slack = rows[first][1] / rows[fastest][1]
+            ranking.append(
+                f"{p} ranks, round {i + 1}: predicted first {first}, measured fastest {fastest}"
+                f" ({'the same' if first == fastest else f'{first} is {slack:.2f}x it'})"
+                f" — {'met' if slack <= RANK_SLACK else 'missed'}"
+            )
+    lines += [
+        "",
+        f"Within {RATIO}x: {within} of {total}. Ranking (target: the strategy predicted first "
+        f"is measured fastest or within {RANK_SLACK - 1:.0%} of it):",
+        "",
+        *[f"- {line}" for line in ranking],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="calibrate + measure, this often")
+    parser.add_argument("--steps", type=int, default=8, help="training steps per strategy")
+    parser.add_argument("--backend", default="gloo", help="gloo or labkit_shm")
+    parser.add_argument("--out", help="append the markdown section to this file")
+    parser.add_argument("--verbose", action="store_true", help="print every prediction's terms")
+    args = parser.parse_args()
+    load = [os.getloadavg()[0]]
+    rounds = [one_round(args.steps, args.backend) for _ in range(args.rounds)]
+    load.append(os.getloadavg()[0])
+    text = report(rounds, args, load)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+    lk.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Calibrate the machine model: the microbenchmarks behind ``lk.costmodel.MachineModel``.
+
+Introduced in notebooks/05_communication_cost.ipynb.
+
+One launch per backend and world size measures, in a few seconds (``fast``), what
+``labkit.costmodel.calibrate`` needs: a ping-pong and an exchange between two ranks (α, β,
+duplex), every collective at its smallest size and a barrier (the per-call overhead, the cost
+of a round), and, in the gloo launches, the machine itself: a one-core memcpy and a reduction
+pass (c, γ), and a fixed amount of memory-bound and compute-bound work done by one rank alone
+and then by all ranks at once (how ranks share the cores)::
+
+    machine, probes = lk.bench.calibrate(["gloo", "labkit_shm"], world_sizes=(2, 4), fast=True)
+    lk.costmodel.predict_collective(machine, "gloo", "all_reduce", 1 << 20, 4)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from labkit.bench_collectives import collective
+from labkit.bench_p2p import p2p_pingpong
+from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes
+from labkit.costmodel.machine import MachineModel
+from labkit.costmodel.recipes import KINDS
+from labkit.launcher import launch
+
+__all__ = ["TINY_OPS", "add_launch", "calibrate", "measure_probes", "probe_rank"]
+
+TINY_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
+MACHINE_BACKEND = "gloo"  # its waits block in the kernel: a waiting rank leaves its core free
+COPY_SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes: in cache up to memory
+BURST = 40  # 64 x 64 matrix products between two calls of ``_between``: about 0.3 ms
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _slowest(samples: list[float]) -> list[float]:
+    """Per sample, the slowest rank's value (one MAX all-reduce)."""
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _tiny(iters: int) -> dict[str, list[float]]:
+    """Every op at its smallest size (one float per rank), after a barrier each time."""
+    p, out = dist.get_world_size(), {}
+    for op in TINY_OPS:
+        if op == "barrier":
+            samples = []
+            for _ in range(iters + 2):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.barrier()
+                samples.append(time.perf_counter() - t0)
+            out[op] = _slowest(samples[2:])
+        else:
+            out[op] = list(collective(op, [4 * p], iters=iters, warmup=2)[0].times_s)
+    return out
+
+
+def _exchange(n_bytes: int, iters: int) -> tuple[list[float], list[float]]:
+    """Pairs (0, 1), (2, 3) … send and receive ``n_bytes`` at once, then one way only."""
+    rank = dist.get_rank()
+    a, b, peer = torch.ones(n_bytes // 4), torch.empty(n_bytes // 4), rank ^ 1
+    both, one = [], []
+    for _k in range(iters + 1):
+        ops = [dist.P2POp(dist.isend, a, peer), dist.P2POp(dist.irecv, b, peer)]
+        dist.barrier()
+        t0 = time.perf_counter()
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        both.append(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank % 2 == 0:
+            dist.send(a, peer)
+        else:
+            dist.recv(b, peer)
+        one.append(time.perf_counter() - t0)
+    return _slowest(both[1:]), _slowest(one[1:])
+
+
+def _work(kind: str, bufs: tuple[torch.Tensor, torch.Tensor], units: int) -> float:
+    """Seconds of ``units`` copies of a buffer, reduction passes, or small matrix products."""
+    a, b = bufs
+    t0 = time.perf_counter()
+    for _ in range(units):
+        if kind == "copy":
+            b.copy_(a)
+        elif kind == "add":
+            b.add_(a)
+        else:
+            torch.mm(a, a, out=b)
+    return time.perf_counter() - t0
+
+
+def _bufs(kind: str, n_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if kind == "mm":
+        return torch.randn(128, 128), torch.empty(128, 128)
+    return torch.ones(n_bytes // 4), torch.ones(n_bytes // 4)
+
+
+def _makespan(starts: list[float], ends: list[float]) -> list[float]:
+    """Per sample, from the first rank's start to the last rank's end (``perf_counter`` is
+    the system-wide monotonic clock on Linux, so the ranks' readings compare)."""
+    t = torch.tensor([*[-s for s in starts], *ends], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    k = len(starts)
+    return [float(t[k + i] + t[i]) for i in range(k)]
+
+
+def _alone_then_together(
+    kind: str, n_bytes: int, units: int, reps: int
+) -> tuple[list[float], list[float]]:
+    """The same work by rank 0 alone (the others wait in a barrier), then by every rank at
+    once: from the first rank's start to the last one's end, which counts a rank that waits
+    for a core as well as one that runs slower."""
+    bufs = _bufs(kind, n_bytes)
+    _work(kind, bufs, 1)  # touch the pages
+    dist.barrier()
+    alone = [_work(kind, bufs, units) for _ in range(reps)] if dist.get_rank() == 0 else []
+    starts, ends = [], []
+    for _ in range(reps):
+        dist.barrier()
+        starts.append(time.perf_counter())
+        _work(kind, bufs, units)
+        ends.append(time.perf_counter())
+    return alone, _makespan(starts, ends)
+
+
+def _machine(fast: bool) -> dict:
+    """Copy and reduction rates per size (alone, then all ranks at once), compute sharing."""
+    reps, out = (3 if fast else 7), {"copy": {}, "add": {}}
+    for kind in ("copy", "add"):
+        for n in COPY_SIZES:
+            units = max(1, (32 << 20) // n)  # 32 MB of work per sample: longer than a skew
+            alone, together = _alone_then_together(kind, n, units, reps)
+            per_unit = [t / units for t in alone], [t / units for t in together]
+            out[kind][n] = per_unit
+    out["compute"] = _alone_then_together("mm", 0, 100, reps)
+    return out
+
+
+def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Each op at its smallest size between short bursts of compute, as a training step calls
+    it (a ZeRO-3 unit's gather, a tensor-parallel layer's all-reduce): per burst, with the op
+    and without it, from the first rank's start to the last rank's end. ``"p2p"``: pairs pass
+    a message back and forth, each burst of compute between a receive and a send, as pipeline
+    stages do; half an iteration is one burst and one hop."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    a, b = torch.randn(64, 64), torch.empty(64, 64)
+    x, whole, part = torch.ones(p), torch.empty(p), torch.ones(1)
+
+    def burst() -> None:
+        for _ in range(BURST):
+            torch.mm(a, a, out=b)
+
+    def hop() -> None:  # even ranks compute and send first, odd ranks answer
+        peer = rank ^ 1
+        if rank % 2 == 0:
+            burst()
+            dist.send(part, peer)
+            dist.recv(part, peer)
+        else:
+            dist.recv(part, peer)
+            burst()
+            dist.send(part, peer)
+
+    calls = {
+        "none": burst,
+        "all_reduce": lambda: (burst(), dist.all_reduce(x)),
+        "all_gather": lambda: (burst(), dist.all_gather_into_tensor(whole, part)),
+        "reduce_scatter": lambda: (burst(), dist.reduce_scatter_tensor(part, whole)),
+    }
+    if p % 2 == 0:
+        calls["p2p"] = hop
+    starts: dict[str, list[float]] = {k: [] for k in calls}
+    ends: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            dist.barrier()
+            starts[name].append(time.perf_counter())
+            for _ in range(iters):
+                call()
+            ends[name].append(time.perf_counter())
+    per_burst = {k: [t / iters for t in _makespan(starts[k], ends[k])] for k in calls}
+    if "p2p" in per_burst:  # two bursts and two hops per iteration
+        per_burst["p2p"] = [t / 2 for t in per_burst["p2p"]]
+    none = per_burst.pop("none")
+    return {k: (with_op, none) for k, with_op in per_burst.items()}
+
+
+def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = True) -> dict:
+    """Every microbenchmark of one launch, on this rank (call it on every rank).
+
+    Args:
+        rank, world_size: as ``lk.launch`` passes them.
+        machine: also measure the machine (copy and reduction rates, compute sharing): do it
+            on a backend whose waits leave the core free (gloo).
+        fast: fewer samples.
+
+    Returns:
+        Raw samples for ``add_launch`` (rank 0's are the ones kept).
+    """
+    torch.set_num_threads(1)  # one core per rank, as the course's ranks run
+    iters = 8 if fast else 20
+    out: dict = {"tiny": _tiny(iters), "between": _between(iters, 3 if fast else 5)}
+    pg = dist.group.WORLD
+    out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
+    if world_size == 2:
+        sizes = [8, 1 << 16, 1 << 20, 1 << 22]
+        rows = p2p_pingpong(sizes, iters=iters, warmup=2)
+        out["p2p"] = [(r.n_bytes, list(r.times_s)) for r in rows]
+        n = 1 << 22
+        out["exchange"] = [(n, *_exchange(n, iters))]
+    if machine:
+        out["machine"] = _machine(fast)
+    return out
+
+
+def _probe_then(rank: int, world_size: int, machine: bool, fast: bool, then: Callable | None):
+    return probe_rank(rank, world_size, machine, fast), then(rank, world_size) if then else None
+
+
+def measure_probes(
+    backends: Sequence[str] = KINDS,
+    world_sizes: Sequence[int] = (2, 4),
+    fast: bool = True,
+    timeout: float = 300.0,
+    then: Callable[[int, int], Any] | None = None,
+    results: dict | None = None,
+) -> Probes:
+    """Run the microbenchmarks: one launch per backend and world size (rank 0's samples).
+
+    Args:
+        backends: backend names (``"gloo"``, ``"labkit_shm"``).
+        world_sizes: ranks to calibrate (2 is always measured: the ping-pong needs it).
+        fast: fewer samples (seconds in all).
+        timeout: seconds per launch.
+        then: ``then(rank, world_size)`` runs on every rank of each launch right after the
+            probes (e.g. the measurements the model will be compared with, taken seconds
+            after its inputs on a machine whose load drifts).
+        results: where ``then``'s rank-0 results go, by ``(backend, world_size)``.
+
+    Returns:
+        The raw ``Probes``.
+
+    Raises:
+        ValueError: a backend without recipes.
+    """
+    for b in backends:
+        if b not in KINDS:
+            raise ValueError(f"no recipes for backend {b!r}; calibrate one of {KINDS}")
+    sizes = sorted({2, *world_sizes})
+    order = [MACHINE_BACKEND, *[b for b in backends if b != MACHINE_BACKEND]]
+    probes = Probes(cores=_cores())
+    for b in order:
+        for p in sizes:
+            args = (b == MACHINE_BACKEND, fast, then if b in backends else None)
+            probe, after = launch(_probe_then, p, backend=b, args=args, timeout=timeout)[0]
+            add_launch(probes, b, p, probe)
+            if results is not None and then is not None and b in backends:
+                results[(b, p)] = after
+    probes.backends = [next(x for x in probes.backends if x.name == b) for b in backends]
+    return probes
+
+
+def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> None:
+    """Add one launch's samples (``probe_rank``'s, on ``world_size`` ranks) to ``probes``.
+
+    Samples of the same term from several launches are pooled.
+
+    Args:
+        probes: the ``Probes`` being filled (changed in place).
+        backend: the launch's backend.
+        world_size: its ranks.
+        result: rank 0's ``probe_rank`` result.
+    """
+    bp = next((x for x in probes.backends if x.name == backend), None)
+    if bp is None:
+        bp = BackendProbes(backend, backend)
+        probes.backends.append(bp)
+    p, r = world_size, result
+    for op, samples in r["tiny"].items():
+        bp.tiny[(op, p)] = [*bp.tiny.get((op, p), []), *samples]
+    for op, (with_op, without) in r["between"].items():
+        old = bp.between.get((op, p), ([], []))
+        bp.between[(op, p)] = ([*old[0], *with_op], [*old[1], *without])
+    bp.chunk_bytes[p] = r["chunk_bytes"]
+    if "p2p" in r:
+        bp.p2p = _pooled(bp.p2p, r["p2p"])
+        before = {n: (both, one) for n, both, one in bp.exchange}
+        bp.exchange = [
+            (n, [*before.get(n, ([], []))[0], *both], [*before.get(n, ([], []))[1], *one])
+            for n, both, one in r["exchange"]
+        ]
+    if "machine" in r:
+        m = r["machine"]
+        for kind, table in (("copy", probes.copy), ("add", probes.add)):
+            for q, pick_ in ((1, 0), (p, 1)):
+                table[q] = _pooled(table.get(q, []), [(n, v[pick_]) for n, v in m[kind].items()])
+        old = probes.compute_share.get(p, ([], []))
+        probes.compute_share[p] = ([*old[0], *m["compute"][0]], [*old[1], *m["compute"][1]])
+        # one rank alone, every launch's samples: the machine's own drift (p = 1)
+        alone = [*probes.compute_share.get(1, ([], []))[0], *m["compute"][0]]
+        probes.compute_share[1] = (alone, alone)
+
+
+def _pooled(rows: list, more: list) -> list:
+    """``(size, samples)`` rows with the samples of ``more`` added size by size."""
+    have = {n: list(s) for n, s in rows}
+    for n, s in more:
+        have[n] = [*have.get(n, []), *s]
+    return sorted(have.items())
+
+
+def calibrate(
+    backends: Sequence[str] = KINDS,
+    world_sizes: Sequence[int] = (2, 4),
+    fast: bool = True,
+    stat: str = "min",
+    then: Callable[[int, int], Any] | None = None,
+    results: dict | None = None,
+) -> tuple[MachineModel, Probes]:
+    """Measure this machine and return its calibrated model (and the raw samples).
+
+    Args:
+        backends: backend names (``"gloo"``, ``"labkit_shm"``).
+        world_sizes: ranks to calibrate.
+        fast: fewer samples (a few seconds in all).
+        stat: ``"min"`` (the machine at its best) or ``"median"`` (a typical call).
+        then, results: as ``measure_probes`` (run right after the probes in each launch).
+
+    Returns:
+        ``(MachineModel, Probes)``.
+    """
+    probes = measure_probes(backends, world_sizes, fast, then=then, results=results)
+    return machine_from_probes(probes, stat, name="calibrated"), probes

@@ -1,0 +1,170 @@
+"""From microbenchmark samples to a ``MachineModel``: one statistic and one formula per term.
+
+Introduced in notebooks/05_communication_cost.ipynb.
+
+``labkit.bench.calibrate`` runs the microbenchmarks (a ping-pong and an exchange per backend,
+each collective at its smallest size, a memcpy, a reduction pass, and p ranks copying or
+computing at once against one alone) and hands their raw samples to ``machine_from_probes``,
+which is pure arithmetic — so a test can feed it made-up samples and check that it recovers
+the numbers they were made from:
+
+- α, β: ``lk.costmodel.fit`` (relative least squares, α ≥ 0) on the fastest ping-pong times
+  (medians of a ping-pong carry whole time slices of other processes: notebook 01);
+- duplex: exchange time / one-way time for the same bytes (at least 1);
+- overhead(op, p): the time of the op at its smallest size, called back to back;
+- sync_s(op, p): what the same call adds between short bursts of compute, as a training step
+  makes it (the time per burst with the call, less the time per burst without it);
+- round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
+- copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
+  per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
+  share the cores and the memory;
+- compute_share(p): the time of a fixed amount of compute while p ranks do it at once over
+  the fastest run of the same work by one rank alone (compute calibrated on its fastest runs,
+  ``lk.bench.workload_from_model``, times this factor is compute as p ranks see it now).
+
+Each term takes one statistic of its samples: ``"min"`` (the machine at its best, which other
+processes' load cannot inflate: what notebook 05 compares with the fastest sample of each
+collective) or ``"median"`` (a typical call: what a training step pays).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from labkit.costmodel.machine import BackendCosts, MachineModel
+from labkit.costmodel.network import fit
+
+__all__ = ["STATS", "BackendProbes", "Probes", "machine_from_probes", "pick"]
+
+STATS = ("min", "median")
+Samples = Sequence[float]
+
+
+def pick(samples: Samples, stat: str) -> float:
+    """One number from samples: their minimum or their median.
+
+    Raises:
+        ValueError: no samples or an unknown statistic.
+    """
+    if stat not in STATS:
+        raise ValueError(f"stat must be one of {STATS}, got {stat!r}")
+    if not samples:
+        raise ValueError("no samples")
+    return min(samples) if stat == "min" else statistics.median(samples)
+
+
+@dataclass
+class BackendProbes:
+    """Raw samples of one backend (seconds).
+
+    Attributes:
+        name: the backend's name; kind: its recipes (``"gloo"``, ``"labkit_shm"``).
+        p2p: ``(bytes, one-way samples)`` per ping-pong size, on 2 ranks.
+        exchange: ``(bytes, exchange samples, one-way samples)``: every rank sends and
+            receives the bytes at once, against one direction only.
+        tiny: ``(op, world_size) → samples`` of each op at its smallest size, and of
+            ``"barrier"``.
+        between: ``(op, world_size) → (samples with the op, samples without)``: the time per
+            burst of compute with the op at its smallest size after each burst, and without.
+        chunk_bytes: per world size, the bytes one round carries (0: no rounds).
+    """
+
+    name: str
+    kind: str
+    p2p: list[tuple[int, Samples]] = field(default_factory=list)
+    exchange: list[tuple[int, Samples, Samples]] = field(default_factory=list)
+    tiny: dict[tuple[str, int], Samples] = field(default_factory=dict)
+    chunk_bytes: dict[int, int] = field(default_factory=dict)
+    between: dict[tuple[str, int], tuple[Samples, Samples]] = field(default_factory=dict)
+
+
+@dataclass
+class Probes:
+    """Raw samples of the machine and its backends (seconds).
+
+    Attributes:
+        cores: CPU cores available to the ranks.
+        copy: ``p → [(bytes, samples), ...]``: one single-thread copy of that many bytes
+            while p ranks copy at once (the slowest rank's time; p = 1: one rank alone).
+        add: the same for one ``a += b`` over that many bytes.
+        compute_share: ``p → (samples alone, samples with p ranks at once)`` of a fixed
+            amount of compute.
+        backends: one ``BackendProbes`` per backend.
+    """
+
+    cores: int
+    copy: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
+    add: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
+    compute_share: dict[int, tuple[Samples, Samples]] = field(default_factory=dict)
+    backends: list[BackendProbes] = field(default_factory=list)
+
+
+def _ratio(pairs: Mapping[int, tuple[Samples, Samples]], stat: str) -> dict[int, float]:
+    # over the fastest run alone: how much slower the work goes now, other processes included
+    return {p: max(1.0, pick(both, stat) / min(alone)) for p, (alone, both) in pairs.items()}
+
+
+def _rates(table: Mapping[int, list[tuple[int, Samples]]], stat: str) -> dict:
+    return {p: {n: pick(s, stat) / n for n, s in rows} for p, rows in table.items()}
+
+
+def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
+    alpha, beta = 0.0, 0.0
+    if probe.p2p:  # the line through the fastest samples, whatever ``stat`` (notebook 01)
+        sizes, times = [n for n, _ in probe.p2p], [min(s) for _, s in probe.p2p]
+        try:
+            net = fit(sizes, times)
+            alpha, beta = net.alpha, net.beta
+        except ValueError:  # a load spike hid the growth: α of the smallest, β of the largest
+            alpha = times[sizes.index(min(sizes))]
+            beta = times[sizes.index(max(sizes))] / max(sizes)
+    duplex = 1.0
+    if probe.exchange:
+        n, both, one = max(probe.exchange, key=lambda e: e[0])
+        duplex = max(1.0, pick(both, stat) / pick(one, stat))
+    overhead = {key: pick(s, stat) for key, s in probe.tiny.items() if key[0] != "barrier"}
+    rounds = {}
+    if any(probe.chunk_bytes.values()):
+        rounds = {p: pick(s, stat) for (op, p), s in probe.tiny.items() if op == "barrier"}
+    sync = {
+        key: max(0.0, pick(with_op, stat) - pick(without, stat))
+        for key, (with_op, without) in probe.between.items()
+    }
+    return BackendCosts(
+        probe.name,
+        probe.kind,
+        alpha,
+        beta,
+        duplex,
+        overhead_s=overhead,
+        round_s=rounds,
+        chunk_bytes=dict(probe.chunk_bytes),
+        sync_s=sync,
+    )
+
+
+def machine_from_probes(probes: Probes, stat: str = "min", name: str = "") -> MachineModel:
+    """The ``MachineModel`` the samples describe, each term by this module's docstring.
+
+    Args:
+        probes: the raw samples (``labkit.bench.calibrate`` measures them).
+        stat: ``"min"`` or ``"median"`` of each term's samples.
+        name: a label.
+
+    Returns:
+        The ``MachineModel``.
+
+    Raises:
+        ValueError: an unknown statistic, empty samples, or ping-pong times that do not grow
+            with the size.
+    """
+    return MachineModel(
+        cores=probes.cores,
+        copy_s_per_byte=_rates(probes.copy, stat),
+        add_s_per_byte=_rates(probes.add, stat),
+        compute_share=_ratio(probes.compute_share, stat),
+        backends={b.name: _backend(b, stat) for b in probes.backends},
+        name=name,
+    )

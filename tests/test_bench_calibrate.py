@@ -1,0 +1,77 @@
+"""The calibration's microbenchmarks run in seconds and give every term of the machine model."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import labkit as lk
+from labkit.bench_calibrate import add_launch
+from labkit.costmodel.calibrate import Probes, machine_from_probes
+from labkit.costmodel.recipes import OPS
+
+
+def where(rank: int, world_size: int) -> tuple[int, int]:
+    return rank, world_size
+
+
+def test_fast_calibration_measures_every_term():
+    t0 = time.perf_counter()
+    after: dict = {}
+    probes = lk.bench.measure_probes(["labkit_shm"], (2,), fast=True, then=where, results=after)
+    seconds = time.perf_counter() - t0
+    assert after == {("labkit_shm", 2): (0, 2)}  # run in the calibrated backend's launch only
+    machine = machine_from_probes(probes, "min")
+    assert seconds < 60  # a few seconds on a quiet 2-core machine
+    assert {b.name for b in probes.backends} == {"labkit_shm"}  # gloo measured the machine only
+    shm = machine.backend("labkit_shm")
+    assert shm.alpha > 0 and shm.beta > 0 and shm.duplex >= 1
+    assert set(shm.overhead_s) == {(op, 2) for op in OPS}
+    assert shm.round_s[2] > 0 and shm.chunk_bytes[2] >= 64 << 10  # a slot per round
+    assert {op for op, _ in shm.sync_s} == {*OPS[:3], "p2p"}  # between bursts of compute
+    assert set(machine.copy_s_per_byte) == {1, 2} and set(machine.add_s_per_byte) == {1, 2}
+    assert all(r > 0 for t in machine.copy_s_per_byte.values() for r in t.values())
+    assert machine.compute_share_at(2) >= 1.0 and machine.compute_share_at(1) >= 1.0
+    t = lk.costmodel.predict_collective(machine, "labkit_shm", "all_reduce", 1 << 20, 2)
+    assert t > shm.overhead("all_reduce", 2)
+
+
+def test_unknown_backend_is_refused_before_launching():
+    with pytest.raises(ValueError, match="no recipes"):
+        lk.bench.measure_probes(["nccl"], (2,))
+
+
+def one_launch(scale: float) -> dict:
+    """What probe_rank returns on 2 ranks, every sample ``scale``."""
+    rows = [(8, [scale]), (1 << 20, [2 * scale])]
+    return {
+        "tiny": {"all_reduce": [scale], "barrier": [scale]},
+        "between": {"all_reduce": ([2 * scale], [scale])},
+        "chunk_bytes": 0,
+        "p2p": rows,
+        "exchange": [(1 << 20, [3 * scale], [2 * scale])],
+        "machine": {
+            "copy": {1 << 20: ([scale], [2 * scale])},
+            "add": {1 << 20: ([scale], [3 * scale])},
+            "compute": ([scale], [2 * scale]),
+        },
+    }
+
+
+def test_add_launch_pools_the_samples_of_several_launches():
+    probes = Probes(cores=2)
+    add_launch(probes, "gloo", 2, one_launch(1.0))
+    add_launch(probes, "gloo", 2, one_launch(10.0))
+    (bp,) = probes.backends
+    assert bp.tiny[("all_reduce", 2)] == [1.0, 10.0]
+    assert bp.between[("all_reduce", 2)] == ([2.0, 20.0], [1.0, 10.0])
+    assert bp.p2p == [(8, [1.0, 10.0]), (1 << 20, [2.0, 20.0])]
+    assert bp.exchange == [(1 << 20, [3.0, 30.0], [2.0, 20.0])]
+    assert probes.copy == {1: [(1 << 20, [1.0, 10.0])], 2: [(1 << 20, [2.0, 20.0])]}
+    assert probes.add[2] == [(1 << 20, [3.0, 30.0])]
+    assert probes.compute_share[2] == ([1.0, 10.0], [2.0, 20.0])
+    assert probes.compute_share[1] == ([1.0, 10.0], [1.0, 10.0])  # one rank alone, every launch
+    m = machine_from_probes(probes, "min")  # the fastest of both launches
+    assert m.copy_rate(2, 1 << 20) == 2.0 / (1 << 20)
+    assert m.backend("gloo").overhead("all_reduce", 2) == 1.0

@@ -1,0 +1,101 @@
+"""Calibration on made-up samples: machine_from_probes recovers the numbers they were made from."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from labkit.costmodel import predict_collective
+from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes, pick
+
+KB, MB = 1 << 10, 1 << 20
+ALPHA, BETA, DUPLEX = 80e-6, 0.4e-9, 1.7
+OVERHEAD = {("all_reduce", 2): 150e-6, ("all_gather", 2): 170e-6, ("all_reduce", 4): 900e-6}
+ROUND = {2: 12e-6, 4: 90e-6}
+COPY = {1: {256 * KB: 0.03e-9, 16 * MB: 0.1e-9}, 4: {256 * KB: 0.06e-9, 16 * MB: 0.3e-9}}
+ADD = {1: {256 * KB: 0.05e-9, 16 * MB: 0.12e-9}, 4: {256 * KB: 0.1e-9, 16 * MB: 0.4e-9}}
+COMPUTE = {2: 1.1, 4: 2.3}
+SYNC = {("all_reduce", 2): 0.3e-3, ("all_gather", 4): 2.5e-3}
+
+
+def noisy(t: float, rng: random.Random, k: int = 9) -> list[float]:
+    """k samples: the true time once, the others late by up to 3x (a busy machine only adds)."""
+    return [t] + [t * (1 + 2 * rng.random()) for _ in range(k - 1)]
+
+
+def make_probes(seed: int = 0) -> Probes:
+    rng = random.Random(seed)
+    p2p = [(n, noisy(ALPHA + n * BETA, rng)) for n in (8, 64 * KB, MB, 4 * MB)]
+    one = ALPHA + 4 * MB * BETA
+    exchange = [(4 * MB, noisy(DUPLEX * one, rng), noisy(one, rng))]
+    tiny = {k: noisy(v, rng) for k, v in OVERHEAD.items()}
+    tiny |= {("barrier", p): noisy(v, rng) for p, v in ROUND.items()}
+    shm = BackendProbes("labkit_shm", "labkit_shm", p2p, exchange, tiny, {2: MB, 4: 4 * MB})
+    gloo = BackendProbes("gloo", "gloo", p2p, exchange, dict(tiny), {2: 0, 4: 0})
+    gloo.between = {k: ([1e-3 + v], [1e-3]) for k, v in SYNC.items()}
+    rates = {
+        key: {p: [(n, noisy(r * n, rng)) for n, r in t.items()] for p, t in table.items()}
+        for key, table in (("copy", COPY), ("add", ADD))
+    }
+    compute = {p: (noisy(1e-3, rng), noisy(f * 1e-3, rng)) for p, f in COMPUTE.items()}
+    return Probes(2, rates["copy"], rates["add"], compute, [gloo, shm])
+
+
+def test_pick():
+    assert pick([3, 1, 2], "min") == 1 and pick([3, 1, 2], "median") == 2
+    with pytest.raises(ValueError):
+        pick([1], "mean")
+    with pytest.raises(ValueError):
+        pick([], "min")
+
+
+def test_recovers_every_parameter_from_the_fastest_samples():
+    m = machine_from_probes(make_probes(), "min")
+    for name in ("gloo", "labkit_shm"):
+        b = m.backend(name)
+        assert math.isclose(b.alpha, ALPHA, rel_tol=1e-9)
+        assert math.isclose(b.beta, BETA, rel_tol=1e-9)
+        assert math.isclose(b.duplex, DUPLEX, rel_tol=1e-9)
+        assert b.overhead_s == pytest.approx(OVERHEAD, rel=1e-12)
+    assert m.backend("labkit_shm").round_s == pytest.approx(ROUND, rel=1e-12)
+    assert m.backend("labkit_shm").chunk_bytes == {2: MB, 4: 4 * MB}
+    assert m.backend("gloo").round_s == {}  # gloo has no rounds to price
+    assert m.backend("gloo").sync_s == pytest.approx(SYNC, rel=1e-9)
+    gloo = m.backend("gloo")  # between bursts of compute a call costs its measured sync_s
+    assert gloo.overhead("all_reduce", 2, between_compute=True) == pytest.approx(0.3e-3)
+    assert gloo.overhead("all_reduce", 2) == pytest.approx(150e-6)  # back to back
+    assert gloo.overhead("all_reduce", 4, between_compute=True) == pytest.approx(900e-6)
+    for p in COPY:
+        for n in COPY[p]:
+            assert math.isclose(m.copy_rate(p, n), COPY[p][n], rel_tol=1e-12)
+            assert math.isclose(m.add_rate(p, n), ADD[p][n], rel_tol=1e-12)
+    assert m.compute_share == pytest.approx(COMPUTE, rel=1e-12)
+
+
+def test_medians_are_later_than_minima():
+    probes = make_probes(seed=3)
+    fast, typical = machine_from_probes(probes, "min"), machine_from_probes(probes, "median")
+    f, t = fast.backend("gloo"), typical.backend("gloo")
+    assert all(t.overhead_s[k] > f.overhead_s[k] for k in OVERHEAD)
+    assert (t.alpha, t.beta) == (f.alpha, f.beta)  # the ping-pong's line: fastest samples
+    for p in COPY:
+        assert all(typical.copy_rate(p, n) > fast.copy_rate(p, n) for n in COPY[p])
+    assert all(typical.compute_share[p] > fast.compute_share[p] for p in COMPUTE)
+    assert predict_collective(typical, "gloo", "all_gather", 64 * KB, 2) > predict_collective(
+        fast, "gloo", "all_gather", 64 * KB, 2
+    )
+
+
+def test_duplex_is_at_least_one():
+    probes = make_probes()
+    probes.backends[0].exchange = [(MB, [1e-3], [2e-3])]  # faster both ways than one way
+    assert machine_from_probes(probes).backend("gloo").duplex == 1.0
+
+
+def test_a_ping_pong_that_does_not_grow_still_gives_a_line():
+    probes = make_probes()
+    probes.backends[0].p2p = [(8, [2e-3]), (MB, [1e-3])]  # a busy moment at the small size
+    b = machine_from_probes(probes).backend("gloo")
+    assert b.alpha == 2e-3 and b.beta == pytest.approx(1e-3 / MB)

@@ -1,0 +1,150 @@
+"""The calibrated machine model: recipes read from the backends, terms by hand, presets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from labkit.backends._shm import collectives as shm_algo
+from labkit.costmodel import Network, predict
+from labkit.costmodel.machine import (
+    BackendCosts,
+    MachineModel,
+    collective_terms,
+    predict_collective,
+)
+from labkit.costmodel.recipes import (
+    SHM_ONE_SHOT_BYTES,
+    SHM_ONE_SHOT_RANKS,
+    Recipe,
+    recipe,
+)
+
+MB = 1 << 20
+# Round numbers: memcpy 1 ns/B alone, 2 ns/B with 2 ranks, 4 ns/B with 4; a += b 2x that.
+COPY = {1: {MB: 1e-9}, 2: {MB: 2e-9}, 4: {MB: 4e-9}}
+ADD = {p: {MB: 2 * v[MB]} for p, v in COPY.items()}
+GLOO = BackendCosts(
+    "gloo",
+    "gloo",
+    alpha=50e-6,
+    beta=0.5e-9,
+    duplex=2.0,
+    overhead_s={("all_reduce", 2): 100e-6, ("all_gather", 4): 300e-6},
+)
+SHM = BackendCosts(
+    "labkit_shm",
+    "labkit_shm",
+    alpha=20e-6,
+    beta=0.25e-9,
+    overhead_s={("all_reduce", 2): 40e-6, ("broadcast", 4): 60e-6},
+    round_s={2: 10e-6, 4: 30e-6},
+    chunk_bytes={2: MB, 4: 4 * MB},
+)
+MACHINE = MachineModel(
+    cores=2,
+    copy_s_per_byte=COPY,
+    add_s_per_byte=ADD,
+    compute_share={2: 1.0, 4: 2.0},
+    backends={"gloo": GLOO, "labkit_shm": SHM},
+)
+
+
+def test_shm_recipes_follow_the_backend_constants():
+    assert SHM_ONE_SHOT_BYTES == shm_algo.ONE_SHOT_BYTES
+    assert SHM_ONE_SHOT_RANKS == shm_algo.ONE_SHOT_RANKS
+    one_shot = recipe("labkit_shm", "all_reduce", 4, SHM_ONE_SHOT_BYTES)
+    two_shot = recipe("labkit_shm", "all_reduce", 4, SHM_ONE_SHOT_BYTES + 1)
+    assert (one_shot.copy, one_shot.reduce, one_shot.extra_rounds) == (1, 3, 0)
+    # reduce-scatter + all-gather on 4 ranks: 3/4 in, 1/4 back, 3/4 out; 3/4 reduced
+    assert (two_shot.copy, two_shot.reduce, two_shot.extra_rounds) == (1.75, 0.75, 1)
+    assert recipe("labkit_shm", "all_reduce", 3, 64 * MB).reduce == 2  # one-shot up to 3 ranks
+
+
+def test_gloo_recipes_by_hand():
+    ar = recipe("gloo", "all_reduce", 4)
+    assert (ar.wire, ar.exchange, ar.reduce, ar.copy) == (1.5, True, 0.75, 0)
+    rs = recipe("gloo", "reduce_scatter", 4)  # clone + whole all-reduce + copy out
+    assert (rs.wire, rs.reduce, rs.copy) == (1.5, 0.75, 1.25)
+    ag = recipe("gloo", "all_gather", 2)
+    assert (ag.wire, ag.exchange, ag.copy) == (0.5, True, 1.5)
+    assert recipe("gloo", "broadcast", 4).wire == 2 and recipe("gloo", "broadcast", 5).wire == 3
+    with pytest.raises(ValueError):
+        recipe("gloo", "all_to_all", 2)
+    with pytest.raises(ValueError):
+        recipe("nccl", "all_reduce", 2)
+    with pytest.raises(ValueError):
+        recipe("gloo", "all_reduce", 1)
+
+
+def test_rounds_count_chunks():
+    r = Recipe(chunked=1, extra_rounds=1)
+    assert r.rounds(0, MB) == 2 and r.rounds(MB, MB) == 2 and r.rounds(MB + 1, MB) == 3
+    assert Recipe().rounds(10 * MB, MB) == 1  # not chunked: one round
+
+
+def test_gloo_all_reduce_terms_by_hand():
+    n = MB
+    t = collective_terms(MACHINE, "gloo", "all_reduce", n, 2)
+    assert t["overhead"] == 100e-6
+    # ring on 2 ranks: 2·(1/2)·n exchanged at β with duplex 2 (β measured with 2 ranks busy)
+    assert math.isclose(t["wire"], 1.0 * n * 0.5e-9 * 2.0)
+    assert math.isclose(t["reduce"], 0.5 * n * 4e-9)  # (p−1)/p·n at the 2-rank add rate
+    assert t["copy"] == 0 and t["rounds"] == 0
+    # 4 ranks: the wire slows down as copies do from 2 to 4 ranks (×2); overhead unmeasured:
+    t4 = collective_terms(MACHINE, "gloo", "all_reduce", n, 4)
+    assert math.isclose(t4["wire"], 1.5 * n * 0.5e-9 * 2.0 * 2)
+    assert math.isclose(t4["overhead"], 6 * 50e-6)  # 2(p−1) steps of α
+    assert math.isclose(
+        predict_collective(MACHINE, "gloo", "all_reduce", n, 4), sum(t4.values()), rel_tol=1e-12
+    )
+
+
+def test_shm_terms_by_hand():
+    n = 8 * MB  # 8 chunks of 1 MiB on 2 ranks: 7 rounds beyond the smallest call's one
+    t = collective_terms(MACHINE, "labkit_shm", "all_reduce", n, 2)
+    assert math.isclose(t["rounds"], 7 * 10e-6)
+    assert math.isclose(t["copy"], n * 2e-9) and math.isclose(t["reduce"], n * 4e-9)
+    assert t["wire"] == 0
+    b = collective_terms(MACHINE, "labkit_shm", "broadcast", n, 4)  # 4 MiB slots: 2 chunks
+    assert b["overhead"] == 60e-6 and math.isclose(b["rounds"], 30e-6)
+    assert math.isclose(b["copy"], n * 4e-9)
+
+
+def test_p2p_and_one_rank():
+    assert math.isclose(predict_collective(MACHINE, "gloo", "p2p", MB, 2), 50e-6 + MB * 0.5e-9)
+    assert predict_collective(MACHINE, "gloo", "all_reduce", MB, 1) == 0
+    with pytest.raises(KeyError, match="gloo"):
+        predict_collective(MACHINE, "nccl", "all_reduce", MB, 2)
+    with pytest.raises(ValueError):
+        predict_collective(MACHINE, "gloo", "all_reduce", -1, 2)
+
+
+def test_rates_interpolate_in_log_size_and_scale_unmeasured_ranks():
+    m = MachineModel(cores=2, copy_s_per_byte={2: {MB: 1e-9, 4 * MB: 3e-9}})
+    assert m.copy_rate(2, MB) == 1e-9 and m.copy_rate(2, 2 * MB) == pytest.approx(2e-9)
+    assert m.copy_rate(2, 64) == 1e-9 and m.copy_rate(2, 64 * MB) == 3e-9  # clamped
+    assert m.copy_rate(8, MB) == pytest.approx(4e-9)  # 8 ranks on 2 cores: ×4 over 2 ranks
+    assert m.share(2, MB) == 1.0  # nothing measured alone: no sharing to report
+    assert MACHINE.share(4, MB, base=2) == 2.0
+    assert MACHINE.compute_share_at(4) == 2.0 and MACHINE.compute_share_at(8) == 4.0
+
+
+def test_from_network_is_the_textbook_model():
+    ib = Network.preset("100Gb-IB")
+    m = MachineModel.from_network(ib, flops=300e12)
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        for p in (2, 8, 1024):
+            got = predict_collective(m, ib.name, op, 1e9, p)
+            assert math.isclose(got, predict(op, 1e9, p, ib), rel_tol=1e-12)
+    assert m.flops == 300e12
+
+
+def test_validation():
+    with pytest.raises(ValueError):
+        BackendCosts("x", "mpi", 0, 0)
+    with pytest.raises(ValueError):
+        BackendCosts("x", "gloo", 0, 0, duplex=0.5)
+    with pytest.raises(ValueError):
+        MachineModel(cores=0)

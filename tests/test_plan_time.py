@@ -1,0 +1,221 @@
+"""The step-time model by hand: 1F1B played through, the workload, each strategy's terms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from labkit.costmodel.machine import BackendCosts, MachineModel
+from labkit.parallel.dims import ParallelDims
+from labkit.parallel.pipeline import one_f_one_b
+from labkit.plan_pipeline import one_f_one_b_order, pipeline_time
+from labkit.plan_time import step_time
+from labkit.plan_workload import LayerCost, Workload
+
+# Every collective costs its per-call overhead alone (no bytes are priced: β = 0, no copy
+# rates), and compute shares nothing: the terms can be added up by hand.
+COST = {"all_reduce": 1e-3, "all_gather": 2e-3, "reduce_scatter": 3e-3}
+OVERHEAD = {(op, p): t for op, t in COST.items() for p in (2, 4)}
+NET = BackendCosts("gloo", "gloo", alpha=5e-4, beta=0.0, overhead_s=OVERHEAD)
+MACHINE = MachineModel(cores=8, compute_share={2: 1.0, 4: 1.0}, backends={"gloo": NET})
+
+EMBED = LayerCost("embed", ((10, 4),), forward=(1e-3, 0.0), backward=(2e-3, 0.0), width=4)
+BLOCK = LayerCost(
+    "block",
+    ((8,), (6, 2), (4,)),  # 3 units
+    forward=(1e-3, 1e-5),
+    backward=(2e-3, 2e-5),
+    block=True,
+    tp_colwise=4,
+    tp_rowwise=2,
+    tp_split=16,
+    width=4,
+)
+HEAD = LayerCost("head", ((3,),), forward=(1e-3, 0.0), backward=(1e-3, 0.0), width=7)
+WORK = Workload((EMBED, BLOCK, BLOCK, HEAD), batch=8, seq_len=10, adam=(1e-4, 1e-6))
+
+
+def test_one_f_one_b_order_is_the_runtime_schedule():
+    for p, m in ((1, 1), (2, 3), (4, 4), (4, 2)):
+        sched = one_f_one_b(p, m)
+        for s in range(p):
+            got = [(a.op, a.microbatch) for a in sched[s] if a is not None]
+            assert got == one_f_one_b_order(p, s, m)
+
+
+def test_pipeline_time_equal_stages_is_the_bubble_formula():
+    for p, m in ((1, 3), (2, 1), (3, 4), (4, 8)):
+        t = pipeline_time([1.0] * p, [2.0] * p, m)
+        assert math.isclose(t.step_s, (m + p - 1) * 3.0)  # (m + p − 1)(F + B)
+        frac = (t.step_s - t.busy_s[0]) / t.step_s
+        assert math.isclose(frac, (p - 1) / (m + p - 1))  # GPipe's bubble, Huang et al. 2019
+    # two stages, hops of 0.5: m = 1: F0 [0,1], F0' [1.5,2.5], B0' [2.5,4.5], B0 [5,7];
+    # m = 2: stage 0 F0 [0,1], F1 [1,2], B0 [5,7], B1 [8,10]: 2 hops on the path either way
+    assert pipeline_time([1.0] * 2, [2.0] * 2, 1, hop_s=0.5).step_s == 7.0
+    assert pipeline_time([1.0] * 2, [2.0] * 2, 2, hop_s=0.5).step_s == 10.0
+    # deeper pipelines wait for hops in the steady state too: more than 2(p − 1) of them
+    assert pipeline_time([1.0] * 3, [2.0] * 3, 4, hop_s=0.5).step_s > 6 * 3.0 + 2 * 2 * 0.5
+
+
+def test_pipeline_time_unequal_stages_by_hand():
+    # stage 0: F0 [0,1], F1 [1,2], B0 [7,9], B1 [13,15]; stage 1: F0 [1,3], B0 [3,7],
+    # F1 [7,9], B1 [9,13]
+    t = pipeline_time([1.0, 2.0], [2.0, 4.0], 2)
+    assert t.step_s == 15.0 and t.busy_s == (6.0, 12.0) and t.idle_s == (9.0, 3.0)
+    with pytest.raises(ValueError):
+        pipeline_time([1.0], [1.0, 2.0], 2)
+
+
+def test_pipeline_stages_share_one_core_only_while_both_compute():
+    # one core (k ranks computing: each at 1/k speed), F = B = 1: stage 0 F0 [0,1]; F1 and
+    # stage 1's F0 together [1,3]; stage 1 B0 alone [3,4]; stage 0 B0 and stage 1 F1 together
+    # [4,6]; stage 1 B1 [6,7]; stage 0 B1 [7,8]: the 8 units of work on one core, no idle core
+    t = pipeline_time([1.0, 1.0], [1.0, 1.0], 2, share=lambda k: float(k))
+    assert t.step_s == 8.0 and t.busy_s == (4.0, 4.0)
+    assert pipeline_time([1.0, 1.0], [1.0, 1.0], 2).step_s == 6.0  # a core each: (m+p-1)(F+B)
+    # two pipelines side by side (dp = 2) on the same core: always at least 2 ranks busy
+    assert (
+        pipeline_time([1.0, 1.0], [1.0, 1.0], 2, share=lambda k: float(k), copies=2).step_s == 16.0
+    )
+
+
+def test_workload_layout():
+    assert WORK.numel == 14 + 2 * 20 + 3 and WORK.n_blocks == 2
+    assert WORK.stages(1) == [[0, 1, 2, 3]] and WORK.stages(2) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError):
+        WORK.stages(3)
+    assert WORK.buckets([0, 1, 2, 3]) == [(14 + 40 + 3) * 4]  # one bucket under 25 MiB
+    small = Workload(WORK.layers, 8, 10, bucket_cap_bytes=100)
+    assert small.buckets([0, 1, 2, 3]) == [92.0, 80.0, 56.0]  # reverse order: head+block, ...
+    assert BLOCK.local_numel(2) == 20 - 8 and BLOCK.time_s(10, tp=2) == (1e-3 + 5e-5, 2e-3 + 1e-4)
+    assert EMBED.time_s(10, tp=2) == (1e-3, 2e-3)  # only blocks split their work
+
+
+def _compute(tokens: int, m: int, tp: int = 1) -> float:
+    return m * sum(sum(layer.time_s(tokens, tp)) for layer in WORK.layers)
+
+
+def _adam(elements: float, tensors: int = 11) -> float:
+    return 1e-4 * tensors + 1e-6 * elements
+
+
+def test_data_parallel_by_hand():
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1))
+    assert math.isclose(t.compute_s, _compute(40, 1))  # b = 8/2 = 4 sequences, 40 tokens
+    assert t.comm["dp"] == 1e-3 and t.comm["clip"] == 1e-3  # one bucket, one scalar
+    assert math.isclose(t.optimizer_s, _adam(57))
+    assert math.isclose(t.step_s, t.compute_s + 2e-3 + t.optimizer_s)
+    accum = step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), microbatches=2)
+    assert math.isclose(accum.compute_s, _compute(20, 2)) and accum.comm["dp"] == 1e-3
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_collectives_per_unit_by_hand(stage):
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), zero_stage=stage, microbatches=2)
+    units = 1 + 3 + 3 + 1
+    gathers = {1: 1, 2: 1, 3: 0}[stage]  # after Adam (stage 3 gathers in forward/backward)
+    assert math.isclose(t.comm["dp"], units * (3e-3 + gathers * 2e-3))
+    assert math.isclose(t.optimizer_s, _adam(57 / 2))  # each rank updates its half
+    per_mb = units * 2e-3 if stage == 3 else 0.0  # all-gather before forward and backward
+    assert math.isclose(t.compute_s, _compute(20, 2) + 2 * 2 * per_mb)
+    assert math.isclose(t.comm["zero3"], 2 * 2 * per_mb)
+
+
+def test_tensor_parallel_by_hand():
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(1, 1, 2))
+    all_reduces = 2 * (4 + 2)  # per block: q, k, v, fc1 backward; proj, fc2 forward
+    assert math.isclose(t.comm["tp"], all_reduces * 1e-3)
+    assert math.isclose(t.compute_s, _compute(80, 1, tp=2) + all_reduces * 1e-3)
+    assert math.isclose(t.optimizer_s, _adam(57 - 16))  # 2 blocks × 8 split away
+    assert t.comm["dp"] == 0
+
+
+def test_pipeline_by_hand():
+    t = step_time(WORK, MACHINE, "gloo", ParallelDims(1, 2, 1), microbatches=2)
+    tokens = 40  # b = 8/(1·2) = 4 sequences of 10
+    f = [EMBED.time_s(tokens)[0] + BLOCK.time_s(tokens)[0], BLOCK.time_s(tokens)[0] + 1e-3]
+    b = [EMBED.time_s(tokens)[1] + BLOCK.time_s(tokens)[1], BLOCK.time_s(tokens)[1] + 1e-3]
+    hop = 5e-4  # one p2p message of 40·4 floats: α (β = 0)
+    want = pipeline_time(f, b, 2, hop)
+    assert math.isclose(t.compute_s + t.bubble_s, want.step_s)
+    assert math.isclose(t.compute_s, max(want.busy_s))
+    assert math.isclose(t.optimizer_s, _adam(14 + 20, 2 + 4))  # stage 0 has more to update
+    assert math.isclose(t.step_s, want.step_s + 1e-3 + t.optimizer_s)
+
+
+def test_groups_smaller_than_the_world_share_the_cores():
+    shared = MachineModel(cores=2, compute_share={2: 1.0, 4: 2.0}, backends={"gloo": NET})
+    alone = step_time(WORK, shared, "gloo", ParallelDims(1, 1, 2))
+    inside = step_time(WORK, shared, "gloo", ParallelDims(2, 1, 2))  # tp pairs on 4 ranks
+    assert math.isclose(inside.comm["tp"], 2 * 12 * 1e-3 / 2 * 2)  # half the tokens, ×2 shared
+    assert math.isclose(alone.comm["tp"], 12 * 1e-3)
+    with pytest.raises(ValueError):
+        step_time(WORK, MACHINE, "gloo", ParallelDims(2, 1, 1), microbatches=3)
+
+
+def test_workload_of_a_real_tinygpt_and_its_flop_twin():
+    import labkit as lk
+    from labkit.bench_workload import workload_from_model
+    from labkit.capstone import gpt_stages, gpt_tp_plan
+    from labkit.parallel.zero import find_units
+    from labkit.plan_workload import transformer_workload
+
+    V, h, L, T, B = 11, 8, 2, 4, 4
+    gpt = lk.models.TinyGPT(V, h, L, 2, T)
+    x = torch.randint(0, V, (B, T))
+    work = workload_from_model(
+        gpt, lambda b: x[:b], lambda b: x[:b], lk.capstone.lm_loss, batch=B, seq_len=T,
+        blocks=range(1, L + 1), tp_plan=gpt_tp_plan(gpt), sizes=(1, 2), reps=1,
+    )  # fmt: skip
+    assert work.numel == lk.models.count_parameters(gpt)
+    units = [tuple(p.numel() for p in u.params) for u in find_units(gpt, 1)]
+    assert [u for layer in work.layers for u in layer.units] == units
+    for pp in (1, 2):  # the workload's stages are gpt_stages'
+        sizes = [sum(p.numel() for p in s.parameters()) for s in gpt_stages(gpt, pp)]
+        assert [sum(work.layers[i].numel for i in st) for st in work.stages(pp)] == sizes
+    block = work.layers[1]
+    assert (block.tp_colwise, block.tp_rowwise, block.width) == (4, 2, h)
+    twin = transformer_workload(V, h, L, T, B, flops=1e9)
+    assert twin.numel == work.numel and twin.layers[1].tp_split == block.tp_split
+    assert [layer.units for layer in twin.layers] == [layer.units for layer in work.layers]
+    assert math.isclose(twin.layers[1].forward[1], (24 * h * h + 4 * T * h) / 1e9)
+
+
+def test_buckets_overlap_backward_where_a_network_carries_them():
+    from labkit.costmodel import Network, predict
+
+    net = Network(latency_us=100.0, bandwidth_gbps=1.0, name="net")
+    gpu = MachineModel.from_network(net)
+    small = Workload(WORK.layers, 8, 10, bucket_cap_bytes=100)  # buckets of 92, 80, 56 bytes
+    t = step_time(small, gpu, "net", ParallelDims(2, 1, 1))
+    all_reduces = [predict("all_reduce", n, 2, net) for n in (92, 80, 56)]
+    backward = sum(layer.time_s(40)[1] for layer in WORK.layers)  # 40 tokens per rank
+    # all but the last bucket hide behind the backward (Li et al. 2020, §3.2.3)
+    assert math.isclose(t.comm["dp"], max(sum(all_reduces) - backward, all_reduces[-1]))
+    two_cores = MachineModel(cores=2, compute_share={2: 1.0}, backends={"gloo": NET})
+    on_cpu = step_time(small, two_cores, "gloo", ParallelDims(2, 1, 1))  # no core to spare
+    assert math.isclose(on_cpu.comm["dp"], 3 * 1e-3)
+
+
+def test_plan_prices_every_grid_with_the_calibrated_step_time():
+    from labkit.costmodel import Network
+    from labkit.planner import Calibrated, DeviceSpec, ModelSpec, plan
+
+    spec = ModelSpec(n_params=WORK.numel, n_layers=2, hidden=4, seq_len=10, batch=8, n_heads=2)
+    net = Network(latency_us=100.0, bandwidth_gbps=1.0, name="net")
+    plans = plan(spec, DeviceSpec(2, 1e9, 1e9), net, calibrated=Calibrated(MACHINE, WORK, "gloo"))
+    feasible = [p for p in plans if p.feasible]
+    assert {(p.dp, p.pp, p.tp) for p in feasible} == {(2, 1, 1), (1, 2, 1), (1, 1, 2)}
+    for p in feasible:  # each plan's time is step_time's for its grid, nothing added
+        dims = ParallelDims(p.dp, p.pp, p.tp)
+        want = step_time(WORK, MACHINE, "gloo", dims, p.zero_stage if p.dp > 1 else 0,
+                         microbatches=p.microbatches)  # fmt: skip
+        assert p.step is not None and math.isclose(p.step_s, want.step_s)
+        assert math.isclose(p.compute_s + p.bubble_s + p.comm_s, want.step_s)
+    assert [p.step_s for p in feasible] == sorted(p.step_s for p in feasible)  # best first
+    # by hand: plain DP computes 40 tokens per rank, pays one bucket and the clipping's
+    # scalar (1 ms each), and Adam over all 57 parameters
+    dp = next(p for p in feasible if (p.dp, p.zero_stage, p.microbatches) == (2, 0, 1))
+    assert math.isclose(dp.step_s, _compute(40, 1) + 2e-3 + _adam(57))
