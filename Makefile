@@ -9,7 +9,8 @@ STAMP := $(VENV)/.labkit-installed
 COURSE_ARGS ?= --fast
 PYTEST_ARGS ?=
 
-.PHONY: setup course test test-quick lab doctor bench lint clean gpu-check image-smoke image-base-local
+.PHONY: setup course test test-quick lab doctor bench lint clean gpu-check image-smoke image-base-local \
+	room-test room-smoke room-proxy
 
 setup: $(STAMP)
 
@@ -44,6 +45,38 @@ image-smoke:
 # A Debian 12 base made with debootstrap, for building where no image registry is reachable.
 image-base-local:
 	bash docker/local-base.sh
+
+# A workshop room on this machine (tests/room/, docker/room/): N learners on one JupyterHub
+# with a local spawner. Several minutes on 2 cores, so not part of `make test`. As root, every
+# learner gets a system user and a network namespace, so the room's venv is built on a Python
+# that every user can run (/usr/bin/python3 where there is one). LABKIT_ROOM_LEARNERS_N=6 for more.
+ROOM := .room
+ROOM_PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo $(PYTHON))
+CHP_VERSION ?= 4.6.3
+ROOM_STAMP := $(ROOM)/venv/.labkit-installed
+CHP := $(ROOM)/node_modules/.bin/configurable-http-proxy
+
+$(ROOM_STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(ROOM)/venv/bin/python || $(ROOM_PYTHON) -m venv $(ROOM)/venv
+	$(ROOM)/venv/bin/python -m pip install --quiet --upgrade pip setuptools
+	$(ROOM)/venv/bin/python -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(ROOM)/venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+$(CHP): Makefile
+	npm install --prefix $(ROOM) --no-audit --no-fund --no-save configurable-http-proxy@$(CHP_VERSION)
+	touch $@
+
+# The proxy alone: the default suite's hub test (tests/room/test_hub_login.py) needs it.
+room-proxy: $(CHP)
+
+room-test: $(ROOM_STAMP) $(CHP)
+	$(ROOM)/venv/bin/python -m pytest -p no:cacheprovider -m room tests/room -v $(PYTEST_ARGS)
+
+# The room's images (docker/room/README.md): hub and learner built, two learners log in and
+# each runs a 2-rank launch in their own container. Needs Docker; CI does not run it.
+room-smoke:
+	bash docker/room/smoke-test.sh
 
 doctor: setup
 	$(BIN)/labkit doctor

@@ -1,7 +1,12 @@
-"""Soak test: run a notebook headlessly N times, under CPU load, and catch runs that stall.
+"""Soak test: run notebooks headlessly N times, under CPU load, and catch runs that stall.
 
     .venv/bin/python benchmarks/papermill_soak.py notebooks/18_hybrid_parallel.ipynb --load 2
     .venv/bin/python benchmarks/papermill_soak.py --minimal launch-widget --client upstream
+    .venv/bin/python benchmarks/papermill_soak.py --course --runs 10 --out soak-course
+
+``--course`` soaks the whole fast course: each of the ``--runs`` passes runs every notebook in
+notebooks/ in order, as ``labkit course run --fast`` does, each notebook watched on its own;
+then any failed notebook, not only a hang or a stall, makes the exit status 1.
 
 Each run executes the notebook through ``labkit.course.run_notebook`` (``fast=True``) in a child
 process, watched by a per-run watchdog. ``--load K`` keeps K busy-looping processes on the
@@ -225,63 +230,82 @@ def stalls(trace_path: Path) -> tuple[float, list[dict]]:
     return worst, late
 
 
+def run_once(
+    args: argparse.Namespace, notebook: Path, out: Path, tag: str, py_spy: str | None
+) -> dict:
+    """One watched run of ``notebook`` in a child process; its row for the summary."""
+    trace = out / f"trace-{tag}.jsonl"
+    trace.unlink(missing_ok=True)
+    log = open(out / f"run-{tag}.log", "w")  # noqa: SIM115
+    cmd = [
+        sys.executable, __file__, "--child", "--notebook", str(notebook),
+        "--client", args.client, "--trace", str(trace),
+        "--child-out", tempfile.mkdtemp(prefix=f"soak-{tag}-", dir=out),
+        "--cell-timeout", str(args.cell_timeout),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    _running[0] = proc
+    try:
+        stdout, _ = proc.communicate(timeout=args.watchdog)
+        hung = False
+    except subprocess.TimeoutExpired:
+        hung = True
+        kernels = [p for p in _descendants(proc.pid) if _is_kernel(p)]
+        py_spy_dump(py_spy, proc.pid, out / f"hang-{tag}-client.txt")
+        for k in kernels:
+            py_spy_dump(py_spy, k.pid, out / f"hang-{tag}-kernel-{k.pid}.txt")
+        for p in reversed(_descendants(proc.pid)):
+            p.kill()
+        proc.kill()
+        stdout, _ = proc.communicate()
+    log.close()
+    seconds = time.monotonic() - start
+    lines = [ln for ln in (stdout or "").splitlines() if ln.startswith("{")]
+    result = json.loads(lines[-1]) if lines else {"status": "no result"}
+    worst, late = stalls(trace)
+    return {
+        "notebook": notebook.name, "hung": hung, "wall_s": round(seconds, 1),
+        "status": "hung" if hung else result.get("status"),
+        "error": result.get("error"), "cell": result.get("cell"),
+        "stall_s": round(worst, 3), "late_replies": late,
+    }  # fmt: skip
+
+
+_running: list[subprocess.Popen | None] = [None]
+
+
 def soak(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.minimal:
-        notebook = minimal_notebook(args.minimal, out)
+        notebooks = [minimal_notebook(args.minimal, out)]
+    elif args.course:
+        notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     else:
-        notebook = Path(args.notebook).resolve()
+        notebooks = [Path(nb).resolve() for nb in args.notebook]
     py_spy = args.py_spy or shutil.which("py-spy")
     load = start_load(args.load)
     runs = []
-    print(f"soak: {notebook.name} x{args.runs}, client={args.client}, load={args.load}, "
+    names = notebooks[0].name if len(notebooks) == 1 else f"{len(notebooks)} notebooks"
+    print(f"soak: {names} x{args.runs}, client={args.client}, load={args.load}, "
           f"watchdog={args.watchdog:g} s, cell timeout={args.cell_timeout:g} s")  # fmt: skip
-    proc, interrupted = None, False
+    interrupted = False
     try:
         for i in range(args.runs):
-            trace = out / f"trace-{i:02d}.jsonl"
-            trace.unlink(missing_ok=True)
-            log = open(out / f"run-{i:02d}.log", "w")  # noqa: SIM115
-            cmd = [
-                sys.executable, __file__, "--child", "--notebook", str(notebook),
-                "--client", args.client, "--trace", str(trace),
-                "--child-out", tempfile.mkdtemp(prefix=f"soak-{i:02d}-", dir=out),
-                "--cell-timeout", str(args.cell_timeout),
-            ]  # fmt: skip
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-            start = time.monotonic()
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-            try:
-                stdout, _ = proc.communicate(timeout=args.watchdog)
-                hung = False
-            except subprocess.TimeoutExpired:
-                hung = True
-                kernels = [p for p in _descendants(proc.pid) if _is_kernel(p)]
-                py_spy_dump(py_spy, proc.pid, out / f"hang-{i:02d}-client.txt")
-                for k in kernels:
-                    py_spy_dump(py_spy, k.pid, out / f"hang-{i:02d}-kernel-{k.pid}.txt")
-                for p in reversed(_descendants(proc.pid)):
-                    p.kill()
-                proc.kill()
-                stdout, _ = proc.communicate()
-            log.close()
-            seconds = time.monotonic() - start
-            lines = [ln for ln in (stdout or "").splitlines() if ln.startswith("{")]
-            result = json.loads(lines[-1]) if lines else {"status": "no result"}
-            worst, late = stalls(trace)
-            row = {
-                "run": i, "hung": hung, "wall_s": round(seconds, 1),
-                "status": "hung" if hung else result.get("status"),
-                "error": result.get("error"), "stall_s": round(worst, 3), "late_replies": late,
-            }  # fmt: skip
-            runs.append(row)
-            flag = "HANG" if hung else ("STALL" if late else "")
-            print(f"run {i:2d}: {row['status']:<9} {seconds:6.1f} s  worst reply delay "
-                  f"{worst:7.3f} s {flag} {row['error'] or ''}", flush=True)  # fmt: skip
+            for nb in notebooks:
+                tag = f"{i:02d}" if len(notebooks) == 1 else f"{i:02d}-{nb.stem}"
+                row = {"run": i, **run_once(args, nb, out, tag, py_spy)}
+                runs.append(row)
+                flag = "HANG" if row["hung"] else ("STALL" if row["late_replies"] else "")
+                print(f"run {i:2d} {nb.stem}: {row['status']:<9} {row['wall_s']:6.1f} s  "
+                      f"worst reply delay {row['stall_s']:7.3f} s {flag} "
+                      f"{row['error'] or ''}", flush=True)  # fmt: skip
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or kill: keep the runs done so far
         interrupted = True
+        proc = _running[0]
         if proc is not None and proc.poll() is None:
             for p in reversed(_descendants(proc.pid)):
                 p.kill()
@@ -291,9 +315,10 @@ def soak(args: argparse.Namespace) -> int:
             p.kill()
             p.wait()
     summary = {
-        "notebook": notebook.name, "client": args.client, "load": args.load,
+        "notebooks": [nb.name for nb in notebooks], "client": args.client, "load": args.load,
         "interrupted": interrupted,
-        "watchdog_s": args.watchdog, "cell_timeout_s": args.cell_timeout, "runs": len(runs),
+        "watchdog_s": args.watchdog, "cell_timeout_s": args.cell_timeout,
+        "passes": args.runs, "runs": len(runs),
         "ok": sum(r["status"] == "ok" for r in runs),
         "failed": sum(r["status"] not in ("ok", "hung") for r in runs),
         "stalled": sum(bool(r["late_replies"]) for r in runs),
@@ -301,13 +326,15 @@ def soak(args: argparse.Namespace) -> int:
         "per_run": runs,
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: v for k, v in summary.items() if k != "per_run"}))
-    return 1 if summary["hung"] or summary["stalled"] else 0
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("per_run", "notebooks")}))
+    bad = summary["hung"] or summary["stalled"] or (args.course and summary["failed"])
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebook", nargs="?", help="the notebook to run (or --minimal)")
+    parser.add_argument("notebook", nargs="*", help="the notebooks to run, in this order")
+    parser.add_argument("--course", action="store_true", help="every notebook in notebooks/")
     parser.add_argument("--minimal", choices=["launch-widget", "launch", "widget"])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--load", type=int, default=0, help="busy-looping processes")
@@ -324,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         args.notebook = args.notebook_opt
         return child(args)
-    if not args.notebook and not args.minimal:
-        parser.error("give a notebook or --minimal KIND")
+    if bool(args.notebook) + bool(args.minimal) + args.course != 1:
+        parser.error("give notebooks, --course or --minimal KIND (one of them)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return soak(args)
 

@@ -7,6 +7,10 @@ Authorization header: never on a command line, in the URL or in what this prints
 `docker inspect` keeps. Standard library only, run by the system python3 (-I: no user site,
 no PYTHON* variables), so that a learner's changes to the venv cannot break it.
 
+In a workshop room (docker/room/) JupyterHub starts the server instead, with no JUPYTER_TOKEN:
+there the check asks the single-user server under its prefix (JUPYTERHUB_SERVICE_PREFIX, e.g.
+/user/alice/) with the server's own hub token (JUPYTERHUB_API_TOKEN), read the same way.
+
 Usage: labkit-healthcheck [URL]    (default http://127.0.0.1:8888, the image's JupyterLab)
 Exit 0 when healthy, 1 otherwise, with one line saying why.
 """
@@ -34,10 +38,14 @@ def check(base_url: str, token: str, timeout: float = 5.0) -> str:
 
 def main(argv: list[str]) -> int:
     token = os.environ.get("JUPYTER_TOKEN", "")
+    prefix = ""
+    if not token and os.environ.get("JUPYTERHUB_SERVICE_PREFIX"):
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")  # a room's single-user server
+        prefix = os.environ["JUPYTERHUB_SERVICE_PREFIX"].rstrip("/")
     if not token:
         print("unhealthy: JUPYTER_TOKEN is not set, so no JupyterLab is served here")
         return 1
-    url = argv[1] if len(argv) > 1 else DEFAULT_URL
+    url = (argv[1] if len(argv) > 1 else DEFAULT_URL).rstrip("/") + prefix
     try:
         print(check(url, token))
     except urllib.error.HTTPError as e:  # its message holds the URL only, never the header

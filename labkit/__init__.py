@@ -25,6 +25,7 @@ from labkit.launcher import (
     rank_context,
     section_gpus,
     shutdown,
+    stretch,
 )
 from labkit.record import record, recorded
 
@@ -107,6 +108,7 @@ __all__ = [
     "section_gpus",
     "set_language",
     "shutdown",
+    "stretch",
     "trace",
     "viz",
     "widgets",

@@ -28,6 +28,7 @@ from labkit.launcher._payload import pickle_call
 from labkit.launcher._pool import current_zygote_pid, get_zygote, pool_lock, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 from labkit.launcher.sections import cpu_lab, gpu_count, section_gpus
+from labkit.launcher.stretch import stretch
 
 __all__ = [
     "backend_for",
@@ -47,6 +48,7 @@ __all__ = [
     "rank_context",
     "section_gpus",
     "shutdown",
+    "stretch",
 ]
 
 
@@ -77,7 +79,8 @@ def launch(
             registers a backend of your own in every rank.
         args: extra positional arguments for ``fn`` (sent to every rank by value).
         kwargs: extra keyword arguments for ``fn``.
-        timeout: seconds before every rank is stopped and their stacks are reported.
+        timeout: seconds before every rank is stopped and their stacks are reported;
+            multiplied by ``LABKIT_TIMEOUT_SCALE`` on a loaded box (``lk.stretch``).
         device: ``"auto"`` (see above), ``"cpu"`` or ``"cuda"`` (rank r uses GPU r; needs one
             GPU per rank).
         verbose: also show library chatter (c10d and gloo logs, torch deprecation warnings).

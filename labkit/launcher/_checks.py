@@ -16,6 +16,7 @@ from labkit.backends.names import LABKIT_BACKENDS, available_labkit_backends
 from labkit.launcher._backend_spec import BackendSpec
 from labkit.launcher.device_rule import MULTI_DEVICE, Choice, choose
 from labkit.launcher.launch_log import note_launch
+from labkit.launcher.stretch import timeout_scale
 
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
@@ -322,6 +323,7 @@ def make_plan(world_size, backend, device, timeout, verbose, env=None) -> Plan:
         )
     name, spec, device = resolve(backend, device, world_size)
     carrier = name if spec is None else spec
+    scale = timeout_scale()  # a loaded box (a workshop room) stretches every deadline
     threads = max(1, (os.cpu_count() or 1) // world_size)
     note_launch(backend_name(carrier), device, world_size)  # what "auto" became, for the report
     return Plan(
@@ -329,8 +331,8 @@ def make_plan(world_size, backend, device, timeout, verbose, env=None) -> Plan:
         carrier,
         device,
         threads,
-        float(timeout),
-        float(timeout) + 60.0,
+        float(timeout) * scale,
+        (float(timeout) + 60.0) * scale,
         loopback_interface(),
         bool(verbose),
         env,

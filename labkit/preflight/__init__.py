@@ -177,6 +177,7 @@ def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
     from labkit.preflight import checks as env
     from labkit.preflight import gpu as gpu
     from labkit.preflight import host as host
+    from labkit.preflight import room as room
     from labkit.preflight import stale as stale
     from labkit.preflight import torch_cuda as torch_cuda
 
@@ -207,6 +208,14 @@ def doctor(verbose: bool = False, kill_stale: bool = False) -> DoctorReport:
         _timed("nccl", gpu.check_nccl, n_gpus),
         gpus_check,
         verdict.check,
+    ]
+    try:  # only in a workshop room: what its hub gave this learner (docker/room/)
+        seat = room.check_room_seat(verdict.usable_gpus)
+    except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
+        seat = _broken("room seat", exc)
+    if seat is not None:
+        checks.append(seat)
+    checks += [
         _timed("cuda state", gpu.check_cuda_state),
         _timed("cpu", host.check_cpu, verdict.usable_gpus),
         _timed("memory", host.check_memory),

@@ -1,12 +1,27 @@
-"""Find (and optionally stop) labkit processes left over from earlier runs.
+"""Find (and optionally stop) labkit processes whose owning kernel is gone.
 
 Introduced in notebooks/00_setup_and_launcher.ipynb.
 
 labkit's launcher titles its processes with setproctitle: the warm worker is
-``labkit zygote (launcher pid N)`` and each rank ``labkit rank R/W (launch K, ...)``. A kernel
-that was killed hard, or a rank stuck in the kernel, can leave them behind, holding cores,
-memory or a GPU. Only the current user's processes are considered, and never the ones that
-belong to this process (its own zygote and that zygote's ranks).
+``labkit zygote (launcher pid N)`` and each rank ``labkit rank R/W (launch K, launcher pid N)``.
+A kernel that was killed hard, or a rank stuck in the kernel, can leave them behind, holding
+cores, memory or a GPU.
+
+A process is *stale* only when the kernel (or script) that owns it is gone — never because it
+belongs to another kernel. On a shared machine (a workshop room with one user for several
+learners, or one learner with two notebooks open) the other kernels' workers are alive and
+owned; the doctor lists them as left alone and ``--kill-stale`` never touches them. Ownership
+follows the parent chain, which a recycled pid cannot fake:
+
+- a zygote is the direct child of its launcher (``subprocess.Popen``): it is owned while its
+  parent is still the launcher its title names. A launcher that exits leaves it re-parented (to
+  init, ``tini`` or a subreaper), and then it is stale even if a new process got the old pid;
+- a rank is forked by a zygote and owned while that zygote is; a rank whose zygote is gone
+  falls back to its title's launcher pid (and a rank titled without one, to its parent), alive
+  only if that process started before the rank did (a recycled pid is younger than the rank).
+
+Only the current user's processes are considered, and never this process's own zygote and
+ranks.
 """
 
 from __future__ import annotations
@@ -34,6 +49,11 @@ class LabkitProcess:
     owner_pid: int | None  # the kernel or script that launched it, when known
     owner_alive: bool
     process: Any = field(default=None, compare=False, repr=False)  # the psutil.Process
+
+    @property
+    def stale(self) -> bool:
+        """True when its owner is gone (or unknown): nobody will stop it but the doctor."""
+        return not self.owner_alive
 
     def describe(self) -> str:
         """One line: pid, title, age and owner, e.g. for the doctor's table."""
@@ -98,8 +118,30 @@ def _alive(pid: int, child_started: float) -> bool:
         return True
 
 
-def find_stale_processes() -> list[LabkitProcess]:
-    """List labkit zygotes and ranks of this user that do not belong to this process.
+def _is_zygote(title: str) -> bool:
+    return title.startswith("labkit zygote")
+
+
+def _owner(pid: int, found: dict[int, tuple[Any, str]], now: float) -> tuple[int | None, bool]:
+    """(owner pid, alive) of a labkit process, following its parent chain (see the module)."""
+    proc, title = found[pid]
+    ppid = proc.info.get("ppid") or 0
+    started = proc.info.get("create_time") or now
+    launcher = _launcher_pid(title)
+    if _is_zygote(title):
+        # Popen made it the launcher's child: a different parent means the launcher exited.
+        return launcher, launcher is not None and ppid == launcher and _alive(launcher, started)
+    if ppid in found and _is_zygote(found[ppid][1]):
+        return _owner(ppid, found, now)  # a rank is owned while its zygote is
+    owner = launcher if launcher is not None else (ppid if ppid > 1 else None)
+    return owner, owner is not None and _alive(owner, started)
+
+
+def find_labkit_processes() -> list[LabkitProcess]:
+    """List this user's labkit zygotes and ranks that do not belong to this process.
+
+    Each carries its owner and whether that owner is alive (another kernel's live worker) or
+    gone (stale). This process's own zygote and ranks are left out.
 
     Returns:
         One :class:`LabkitProcess` per process, ordered by pid.
@@ -118,28 +160,28 @@ def find_stale_processes() -> list[LabkitProcess]:
         if uid is not None and uids is not None and uids.real != uid:
             continue
         found[proc.pid] = (proc, title)
-    own = {  # this process's zygote (its ranks are skipped below, as the zygote's children)
-        pid
-        for pid, (_, title) in found.items()
-        if title.startswith("labkit zygote") and _launcher_pid(title) == me
-    }
     now, result = time.time(), []
     for pid, (proc, title) in sorted(found.items()):
-        ppid = proc.info.get("ppid") or 0
-        if pid in own or ppid in own:
+        owner, alive = _owner(pid, found, now)
+        if owner == me and alive:  # this process's zygote, its ranks, or a rank it started
             continue
-        owner = _launcher_pid(title)
-        if owner == me:  # a rank of this process's launcher, whose zygote was not found
-            continue
-        if owner is None and title.startswith("labkit rank"):
-            if ppid in found:  # forked by a zygote: its launcher owns the rank
-                owner = _launcher_pid(found[ppid][1])
-            elif ppid > 1:
-                owner = ppid
         started = proc.info.get("create_time") or now
-        alive = owner is not None and _alive(owner, started)
         result.append(LabkitProcess(pid, title, now - started, owner, alive, proc))
     return result
+
+
+def find_stale_processes() -> list[LabkitProcess]:
+    """List this user's labkit zygotes and ranks whose owning kernel is gone.
+
+    A live kernel's worker is never stale, whoever's kernel it is.
+
+    Returns:
+        One :class:`LabkitProcess` per stale process, ordered by pid.
+
+    Raises:
+        ImportError: psutil is not installed.
+    """
+    return [p for p in find_labkit_processes() if p.stale]
 
 
 def kill_processes(procs: list[LabkitProcess], timeout: float = 3.0) -> list[int]:
@@ -171,37 +213,44 @@ def kill_processes(procs: list[LabkitProcess], timeout: float = 3.0) -> list[int
 
 
 def check_stale(kill: bool = False) -> Check:
-    """Report labkit processes not owned by this process, and stop them if ``kill``.
+    """Report labkit processes whose owner is gone, and stop them if ``kill``.
+
+    Workers of other live kernels (another notebook, another learner on a shared account) are
+    named in the detail as left alone, and never stopped.
 
     Args:
-        kill: terminate them (``labkit doctor --kill-stale``).
+        kill: terminate the stale ones (``labkit doctor --kill-stale``).
 
     Returns:
         "ok" when there are none (or all were stopped), else "warn" with the ``kill`` command.
     """
     try:
-        procs = find_stale_processes()
+        procs = find_labkit_processes()
     except ImportError:
         return Check("stale processes", "warn", "psutil not installed", "pip install psutil")
-    if not procs:
-        return Check("stale processes", "ok", "no labkit zygote or rank from another run")
-    detail = "\n".join(p.describe() for p in procs)
-    if kill:
-        survivors = kill_processes(procs)
-        detail = "\n".join(
-            f"{'still alive' if p.pid in survivors else 'stopped'} {p.describe()}" for p in procs
+    stale = [p for p in procs if p.stale]
+    live = [p for p in procs if not p.stale]
+    spared = ""
+    if live:
+        owners = sorted({p.owner_pid for p in live if p.owner_pid is not None})
+        spared = (
+            f"left alone: {len(live)} labkit process(es) of {len(owners)} other live "
+            f"kernel(s) (pid {', '.join(str(o) for o in owners)}); they stop with their kernel"
         )
+    if not stale:
+        detail = "no labkit zygote or rank whose kernel is gone"
+        return Check("stale processes", "ok", "\n".join(filter(None, [detail, spared])))
+    if kill:
+        survivors = kill_processes(stale)
+        lines = [
+            f"{'still alive' if p.pid in survivors else 'stopped'} {p.describe()}" for p in stale
+        ]
+        detail = "\n".join(filter(None, [*lines, spared]))
         if not survivors:
             return Check("stale processes", "ok", detail)
         pids = " ".join(str(pid) for pid in survivors)
         return Check("stale processes", "warn", detail, f"still alive: `kill -9 {pids}`")
-    pids = " ".join(str(p.pid) for p in procs)
-    live_owners = sorted({p.owner_pid for p in procs if p.owner_alive and p.owner_pid})
-    fix = f"`kill {pids}` (or `labkit doctor --kill-stale`)"
-    if live_owners:
-        owners = ", ".join(str(pid) for pid in live_owners)
-        runs = "owner {} still runs" if len(live_owners) == 1 else "owners {} still run"
-        fix += f"; {runs.format(owners)}: `lk.shutdown()` in a kernel stops its worker"
-    else:
-        fix += "; a kernel stops its own worker with `lk.shutdown()`"
+    detail = "\n".join(filter(None, [*(p.describe() for p in stale), spared]))
+    pids = " ".join(str(p.pid) for p in stale)
+    fix = f"`kill {pids}` (or `labkit doctor --kill-stale`, which stops only these)"
     return Check("stale processes", "warn", detail, fix)

@@ -31,6 +31,7 @@ from labkit.launcher._payload import dumps_by_value, pickle_call
 from labkit.launcher._pool import ZygoteError, get_zygote, pool_lock
 from labkit.launcher.errors import RankError, RankFailure
 from labkit.launcher.failure_policy import INTERRUPT_GRACE_S, STOP_GRACE_S
+from labkit.launcher.stretch import stretch
 from labkit.ranks._server import CELL_PREFIX, serve
 from labkit.ranks._world_run import WorldRun
 from labkit.ranks.cells import CellResult, RankOutput, stopped_error, timeout_error
@@ -135,7 +136,8 @@ class World:
         Args:
             code: Python source, as in a notebook cell; the last expression's value is shown.
             ranks: which ranks run it (the others stay idle); default all.
-            timeout: seconds before the cell is given up (default: the world's timeout).
+            timeout: seconds before the cell is given up (default: the world's timeout), stretched
+                by ``LABKIT_TIMEOUT_SCALE`` (:mod:`labkit.launcher.stretch`).
             show: print each rank's output, grouped by rank and prefixed ``[rank r]``.
 
         Returns:
@@ -230,7 +232,7 @@ class World:
         return sorted(set(ranks))
 
     def _request(self, msgs: dict[int, dict], timeout: float | None) -> dict[int, dict]:
-        timeout = self.timeout if timeout is None else float(timeout)
+        timeout = self.timeout if timeout is None else stretch(timeout)  # stretched already
         run = self._run
         with pool_lock():
             if run.zygote_gone():

@@ -13,6 +13,9 @@ In the order a learner meets them (picotron's ``data_parallel/`` names):
   Distributed: Experiences on Accelerating Data Parallel Training", §3.2.3, and
   ``torch/csrc/distributed/c10d/reducer.cpp``); ``no_sync()`` for gradient accumulation.
 - ``assign_buckets``: the bucket assignment alone, with no process group.
+- ``in_bucket_order``: a PyTorch DDP comm hook run one bucket at a time, so that hooks that
+  issue collectives from callbacks (PowerSGD) issue them in one order on every rank of a CPU
+  backend.
 
 Both wrappers, like ``torch.nn.parallel.DistributedDataParallel``, need no extra call: when
 ``loss.backward()`` returns, every ``.grad`` holds the average over the group's ranks.
@@ -22,6 +25,13 @@ from __future__ import annotations
 
 from labkit.parallel.ddp.bucketed import DataParallelBucketed
 from labkit.parallel.ddp.buckets import assign_buckets
+from labkit.parallel.ddp.hooks import in_bucket_order
 from labkit.parallel.ddp.naive import DataParallelNaive, broadcast_state
 
-__all__ = ["DataParallelBucketed", "DataParallelNaive", "assign_buckets", "broadcast_state"]
+__all__ = [
+    "DataParallelBucketed",
+    "DataParallelNaive",
+    "assign_buckets",
+    "broadcast_state",
+    "in_bucket_order",
+]
