@@ -20,6 +20,7 @@ The items carry the ``notebooks`` marker, so ``pytest -m "not notebooks"`` skips
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import nbformat
@@ -114,3 +115,22 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     node = CheckedNotebooks.from_parent(parent, name="nbval", path=file_path)
     node.add_marker(pytest.mark.notebooks)
     return node
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT raises KeyboardInterrupt, as in a terminal or a Jupyter kernel.
+
+    A non-interactive shell starts its background jobs with SIGINT ignored (POSIX), and a
+    Python started that way keeps it ignored; the tests that press Ctrl-C themselves restore
+    the default for their process (and, as ``preexec_fn``, for the scripts they start).
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture
+def sigint_default():
+    """``ctrl_c_as_in_a_terminal`` for one test; the previous handler afterwards."""
+    old = signal.getsignal(signal.SIGINT)
+    ctrl_c_as_in_a_terminal()
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -123,7 +123,7 @@ def test_hang_past_timeout_shows_where_each_rank_was():
     assert "deadlock" in str(err)
 
 
-def test_interrupt_stops_every_rank_and_the_next_launch_works():
+def test_interrupt_stops_every_rank_and_the_next_launch_works(sigint_default):
     def slow(rank, world_size):
         import time
 
@@ -167,7 +167,12 @@ def _script(code: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_sigint_default_in_child,
     )
+
+
+def _sigint_default_in_child() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python then installs KeyboardInterrupt
 
 
 def test_ctrl_c_in_a_script_stops_ranks_and_keeps_the_process_usable():

@@ -99,7 +99,7 @@ def test_push_sends_values_and_functions(world):
         torch.testing.assert_close(y, torch.full((2,), 6.0 * rank), rtol=0, atol=0)
 
 
-def test_ctrl_c_interrupts_the_cell_and_keeps_the_world(world):
+def test_ctrl_c_interrupts_the_cell_and_keeps_the_world(world, sigint_default):
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import labkit as lk
-from labkit import bench_collectives, profile
+from labkit import bench_collectives, bench_compute, bench_p2p, profile
 from labkit.capstone import train as capstone_train
 from labkit.collectives import timing
 from labkit.parallel.compose import step as compose_step
@@ -80,9 +80,10 @@ def test_traced_modules_sync_the_device_of_their_parameters(syncs) -> None:
 
 
 def test_the_timers_share_the_one_helper() -> None:
-    # bench (p2p and collectives), collective timing, the composed step's timer, the pipeline's
-    # spans and the profiler all synchronise through labkit.trace.sync_device, not copies of it.
-    modules = (lk.bench, bench_collectives, timing, profile.profiler, profile.speedup, compose_step)
+    # bench (p2p, collectives, peak FLOP/s), collective timing, the composed step's timer, the
+    # pipeline's spans and the profiler all synchronise through labkit.trace.sync_device.
+    modules = (bench_p2p, bench_collectives, bench_compute, timing, profile.profiler)
+    modules = (*modules, profile.speedup, compose_step)
     for module in (*modules, capstone_train, train_model_split):
         assert module.sync_device is lk.trace.sync_device, module
     assert runtime.span is lk.trace.span is model_split_runtime.span
