@@ -157,3 +157,27 @@ def running_lab(notebook_dir: Path, work: Path) -> Iterator[Lab]:
             proc.kill()
             proc.wait()
         end(started | descendants(proc.pid))
+
+
+def run_all_and_wait(page, until: str) -> None:
+    """Run → Run All Cells on the open notebook, then wait for an output holding ``until``.
+
+    The menu command does nothing until the page has its kernel, so it is retried until a
+    prompt shows the cells started; an output with "Error" ends the wait at once.
+    """
+    import re
+
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    started = page.locator(".jp-InputPrompt").filter(has_text=re.compile(r"\[(\*|\d+)\]"))
+    for attempt in range(3):
+        page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
+        page.locator(".lm-Menu").get_by_text("Run All Cells", exact=True).click()
+        try:
+            started.first.wait_for(timeout=10_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+    outputs = page.locator(".jp-OutputArea-output")
+    outputs.filter(has_text=until).or_(outputs.filter(has_text="Error")).first.wait_for()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from pathlib import Path
 
 import nbformat
@@ -26,6 +25,7 @@ from tests.browser.jupyter_lab import (
     Lab,
     descendants,
     end,
+    run_all_and_wait,
     running_lab,
     wait_for_kernel,
 )
@@ -114,25 +114,11 @@ def write_chinese_notebook(folder: Path) -> str:
 
 def run_all_cells(page, lab: Lab, url: str, until: str) -> str:
     """Open the notebook, Run → Run All Cells, wait for an output holding ``until``; the text."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
     page.set_default_timeout(WAIT_MS)
     page.goto(url)
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
     wait_for_kernel(lab)
-    started = page.locator(".jp-InputPrompt").filter(has_text=re.compile(r"\[(\*|\d+)\]"))
-    for attempt in range(3):  # the command is disabled until the page has its kernel
-        page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
-        page.locator(".lm-Menu").get_by_text("Run All Cells", exact=True).click()
-        try:
-            started.first.wait_for(timeout=10_000)
-            break
-        except PlaywrightTimeout:
-            if attempt == 2:
-                raise
-    outputs = page.locator(".jp-OutputArea-output")
-    done = outputs.filter(has_text=until).or_(outputs.filter(has_text="Error"))
-    done.first.wait_for()  # an error shows at once instead of after the timeout
+    run_all_and_wait(page, until)
     return page.locator(".jp-Notebook").inner_text()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 
+from tests.browser.jupyter_lab import run_all_and_wait
 from tests.browser.test_browser import CHROMIUM, CHROMIUM_FLAGS, LAUNCH_CELL, SLIDER_CELL
 from tests.room.client import Learner
 
@@ -59,7 +60,6 @@ def _kernel_ready(learner: Learner, timeout_s: float) -> None:
 
 def browse(page, hub: str, learner: Learner, shot: Path, wait_s: float) -> str:
     """Log in with the form, open the notebook, Run All; the notebook's text."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     page.set_default_timeout(wait_s * 1000)
     page.goto(hub + "hub/login")
@@ -70,20 +70,7 @@ def browse(page, hub: str, learner: Learner, shot: Path, wait_s: float) -> str:
     page.goto(hub + f"user/{learner.name}/lab/tree/{NOTEBOOK}")
     page.locator(".jp-Notebook .jp-Cell").first.wait_for()
     _kernel_ready(learner, wait_s)
-    started = page.locator(".jp-InputPrompt").filter(has_text=re.compile(r"\[(\*|\d+)\]"))
-    for attempt in range(3):  # the command is disabled until the page has its kernel
-        page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
-        page.locator(".lm-Menu").get_by_text("Run All Cells", exact=True).click()
-        try:
-            started.first.wait_for(timeout=10_000)
-            break
-        except PlaywrightTimeout:
-            if attempt == 2:
-                raise
-    outputs = page.locator(".jp-OutputArea-output")
-    outputs.filter(has_text="launch returned").or_(
-        outputs.filter(has_text="Error")
-    ).first.wait_for()
+    run_all_and_wait(page, "launch returned")
     page.locator(".jp-OutputArea-output .jupyter-widgets.widget-slider").wait_for()
     page.screenshot(path=str(shot), full_page=True)
     return page.locator(".jp-Notebook").inner_text()
