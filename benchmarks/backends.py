@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _record import publish  # noqa: E402  (this folder: the script's own path)
 
 import labkit as lk  # noqa: E402
 
@@ -166,8 +166,7 @@ def report(
     lines = [
         "## Backends: gloo vs labkit_shm all-reduce, memcpy, and the p2p-fitted cost model",
         "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__}, {args.iters} samples × {args.rounds} rounds per point; "
+        f"{machine()}, {args.iters} samples × {args.rounds} rounds per point; "
         f"1-minute load average {load[0]:.1f} before and {load[1]:.1f} after (other users' "
         "processes share the cores). Command:",
         "",
@@ -252,10 +251,7 @@ def main() -> None:
         print(f"# {backend}, {'2 ranks, p2p' if p == 'p2p' else f'{p} ranks, all_reduce'}")
         print(lk.bench.format_table(rows))
     text = report(results, world_sizes, copy, load, args, machine)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
+    publish(text, args.out)
     lk.shutdown()
 
 

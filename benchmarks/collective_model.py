@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _record import machine, publish  # noqa: E402  (this folder: the script's own path)
 
 import labkit as lk  # noqa: E402
 from labkit.costmodel.calibrate import machine_from_probes, pick  # noqa: E402
@@ -127,8 +127,7 @@ def report(rounds: list, args, load: list[float]) -> str:
     lines = [
         "## The calibrated collective model against every collective",
         "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__}; {n} round(s) of launches that alternate the "
+        f"{machine()}; {n} round(s) of launches that alternate the "
         f"calibration's probes ({'fast, as notebook 05' if args.fast else 'full'}) with "
         f"{args.iters} samples per size of every collective, twice ("
         + ", ".join(f"{r[2]:.0f} s" for r in rounds)
@@ -195,10 +194,7 @@ def main() -> None:
     rounds = [one_round(args.iters, args.fast) for _ in range(args.rounds)]
     load.append(os.getloadavg()[0])
     text = report(rounds, args, load)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
+    publish(text, args.out)
     lk.shutdown()
 
 

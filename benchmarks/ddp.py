@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _record import machine, publish  # noqa: E402  (this folder: the script's own path)
 
 import labkit as lk  # noqa: E402
 
@@ -155,8 +155,7 @@ def main() -> None:
     lines = [
         "## DDP step time: DataParallelNaive, DataParallelBucketed, PyTorch DDP",
         "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__}; `lk.models.mlp_with_parameters({args.params:_}, "
+        f"{machine()}; `lk.models.mlp_with_parameters({args.params:_}, "
         f"n_layers={args.layers})` = {n_params:,} parameters in "
         f"{len(list(model.parameters()))} tensors ({grad_bytes / 2**20:.1f} MiB of float32 "
         "gradients), "
@@ -186,10 +185,7 @@ def main() -> None:
                 f"10 GbE is {ar * 1e3:.1f} ms.",
             ]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
+    publish(text, args.out)
     lk.shutdown()
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+
+from _record import machine, publish  # noqa: E402  (this folder: the script's own path)
 
 import labkit as lk  # noqa: E402
 
@@ -80,8 +80,7 @@ def report(rounds: list[dict], args, load: list[float]) -> str:
     lines = [
         "## The planner's step time against the capstone, every strategy",
         "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__}, backend {args.backend}; TinyGPT (dim 64, 4 layers, "
+        f"{machine()}, backend {args.backend}; TinyGPT (dim 64, 4 layers, "
         f"4 heads, T 32, batch 16), {args.steps} steps per strategy (median after the first); "
         f"{len(rounds)} round(s); before the 2-rank and the 4-rank runs of each round a "
         "calibration ("
@@ -145,10 +144,7 @@ def main() -> None:
     rounds = [one_round(args.steps, args.backend) for _ in range(args.rounds)]
     load.append(os.getloadavg()[0])
     text = report(rounds, args, load)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + text)
+    publish(text, args.out)
     lk.shutdown()
 
 
