@@ -9,7 +9,8 @@ for 2 and then 4 ranks,
 
 1. calibration: ``lk.bench.calibrate`` (fast, medians: a training step pays typical calls,
    not the best ones) and ``lk.bench.capstone_workload`` (TinyGPT's layers, Adam and one
-   single-process step timed on one thread): notebook 21's calibration;
+   single-process step timed on one thread; each strategy's own code timed on one process
+   with torch's fake process group): notebook 21's calibration;
 2. every strategy the capstone runs on that many ranks (DP, ZeRO-1/2/3,
    FSDP2, PP, TP; on 4 ranks also DP×TP, FSDP2×TP and DP×PP; dp×pp×tp needs 8 ranks), each
    trained ``--steps`` steps in one launch (``lk.capstone.run_jobs``), its median step after
@@ -58,10 +59,10 @@ def one_round(steps: int, backend: str) -> dict:
     for p in (2, 4):  # calibrate right before the runs it predicts: the load drifts
         t0 = time.perf_counter()
         machine, _ = lk.bench.calibrate([backend], (2, p), fast=True, stat="median")
-        work = lk.bench.capstone_workload(config)
+        ss = strategies(p)
+        work = lk.bench.capstone_workload(config, strategies=ss)
         out["calibration_s"].append(time.perf_counter() - t0)
         out["load"].append(os.getloadavg()[0])
-        ss = strategies(p)
         runs = cap.run_jobs([(s, config) for s in ss], backend=backend, device="cpu", timeout=1800)
         for s, ranks in zip(ss, runs, strict=True):
             measured = statistics.median(ranks[0]["step_s"][1:])

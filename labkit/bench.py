@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from labkit.bench_calibrate import add_launch, calibrate, measure_probes, probe_rank
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_compute import PeakFlops, peak_flops
+from labkit.bench_framework import framework_costs, strategy_step_s
 from labkit.bench_p2p import p2p_pingpong
 from labkit.bench_results import GB, BenchResult, check_sizes
 from labkit.bench_workload import capstone_workload, workload_from_model
@@ -43,12 +44,14 @@ __all__ = [
     "collective",
     "collective_sizes",
     "format_table",
+    "framework_costs",
     "launch_collective",
     "measure_probes",
     "message_sizes",
     "p2p_pingpong",
     "peak_flops",
     "probe_rank",
+    "strategy_step_s",
     "workload_from_model",
 ]
 

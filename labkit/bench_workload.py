@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from labkit.bench_framework import framework_costs
 from labkit.costmodel.network import least_squares_alpha_beta
 from labkit.plan_workload import LayerCost, Workload
 
@@ -262,16 +263,18 @@ def workload_from_model(
                     step_overhead_s=max(0.0, measured - parts))  # fmt: skip
 
 
-def capstone_workload(config, reps: int = 5) -> Workload:
+def capstone_workload(config, reps: int = 5, strategies: Iterable = ()) -> Workload:
     """The ``Workload`` of notebook 21's TinyGPT run (``lk.capstone.RunConfig``), calibrated.
 
     Times TinyGPT's embedding, blocks and head (with the loss) at one sequence and at the
     whole batch, Adam, and one whole step of the capstone's recipe on one process (forward,
-    backward, clipping, Adam, the schedule).
+    backward, clipping, Adam, the schedule); then each of ``strategies``' own code, on one
+    process with every collective removed (``labkit.bench_framework.framework_costs``).
 
     Args:
         config: the run's sizes and recipe.
         reps: timed repetitions of each measurement.
+        strategies: ``lk.capstone.Strategy`` objects to time (none: no ``framework``).
 
     Returns:
         The ``Workload``.
@@ -293,7 +296,7 @@ def capstone_workload(config, reps: int = 5) -> Workload:
         opt.step()
         schedule.step()
 
-    return workload_from_model(
+    work = workload_from_model(
         model,
         lambda b: x[:b],
         lambda b: y[:b],
@@ -307,3 +310,5 @@ def capstone_workload(config, reps: int = 5) -> Workload:
         step=step,
         name="TinyGPT",
     )
+    strategies = list(strategies)
+    return framework_costs(work, config, strategies, reps) if strategies else work

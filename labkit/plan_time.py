@@ -23,7 +23,11 @@ FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what th
   that compute at the same moment: the bubble comes out of it;
 - **clip**: one all-reduce of a scalar over every rank (``compose.clip_grad_norm_``);
 - **optimizer**: Adam per local tensor and element (ZeRO and FSDP2 update 1/dp of them);
-- **overhead**: the rest of a step's Python, calibrated on one process.
+- **overhead**: the rest of a step's Python, calibrated on one process;
+- **framework**: the strategy's own code beyond all that — ZeRO's packing per unit, FSDP2's
+  hooks and copies, DTensor's dispatch — timed on one process with every collective removed
+  (``Workload.framework``; for a strategy not timed, its flavour's cost per unit collective
+  times its unit collectives; else nothing); shared like compute.
 
 Every collective is ``labkit.costmodel.predict_collective`` on its group's size, with the
 fixed cost a call pays between bursts of compute (``sync_s``, calibrated so); a group
@@ -41,9 +45,9 @@ from dataclasses import dataclass, field
 from labkit.costmodel.machine import NETWORK_KIND, MachineModel, predict_collective
 from labkit.parallel.dims import ParallelDims
 from labkit.plan_pipeline import pipeline_time
-from labkit.plan_workload import Workload
+from labkit.plan_workload import Workload, framework_key
 
-__all__ = ["StepTime", "collective_counts", "step_time"]
+__all__ = ["StepTime", "collective_counts", "framework_time", "step_time"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class StepTime:
         optimizer_s: Adam on this rank's parameters.
         overhead_s: the step's other Python.
         reasons: one line per term.
+        framework_s: the strategy's own code beyond layers, Adam and overhead (calibrated).
     """
 
     compute_s: float
@@ -68,12 +73,14 @@ class StepTime:
     optimizer_s: float
     overhead_s: float
     reasons: list[str] = field(default_factory=list)
+    framework_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         """The whole step."""
         exposed = self.comm.get("dp", 0.0) + self.comm.get("clip", 0.0)
-        return self.compute_s + self.bubble_s + exposed + self.optimizer_s + self.overhead_s
+        own = self.optimizer_s + self.overhead_s + self.framework_s
+        return self.compute_s + self.bubble_s + exposed + own
 
 
 class _Pricer:
@@ -171,6 +178,7 @@ def step_time(
     dp_s = _dp_comm(w, machine, backend, price, stages, zero, dims, max(bwd))
     clip = price("all_reduce", 4, dims.world_size)
     opt, overhead = _optimizer(w, stages, zero, dp, tp) * share, w.step_overhead_s * share
+    own = framework_time(w, dims, zero_stage, fsdp, m) * share
     comm = {"dp": dp_s, "tp": tp_s, "zero3": gathers, "clip": clip}
     reasons += [
         f"tp: {tp_s * 1e3:.3g} ms of all-reduces inside forward and backward" if tp > 1 else "",
@@ -178,8 +186,27 @@ def step_time(
         f"dp: {dp_s * 1e3:.3g} ms after backward; clip all-reduce {clip * 1e3:.3g} ms",
         f"Adam {opt * 1e3:.3g} ms; other Python {overhead * 1e3:.3g} ms "
         f"(compute sharing ×{share:.2f} for {dims.world_size} ranks on {machine.cores} cores)",
+        f"the strategy's own code {own * 1e3:.3g} ms" if own else "",
     ]
-    return StepTime(compute, bubble, comm, opt, overhead, [r for r in reasons if r])
+    return StepTime(compute, bubble, comm, opt, overhead, [r for r in reasons if r], own)
+
+
+def framework_time(
+    workload: Workload, dims: ParallelDims, zero_stage: int = 0, fsdp: bool = False,
+    microbatches: int = 1,
+) -> float:  # fmt: skip
+    """Seconds of the strategy's own code per step on one process (``Workload.framework``),
+    else its flavour's cost per unit collective times its unit collectives, else 0."""
+    w, m = workload, microbatches
+    key = framework_key(dims.dp, dims.pp, dims.tp, zero_stage, fsdp, m)
+    if key in w.framework:
+        return w.framework[key]
+    zero = key[3]
+    rate = w.unit_call_s.get("fsdp" if fsdp else f"zero{zero}") if zero else None
+    if not rate:
+        return 0.0
+    counts = collective_counts(w, dims, zero, m)
+    return rate * (counts["all_gather"] + counts["reduce_scatter"])
 
 
 def _dp_comm(w, machine, backend, price, stages, zero, dims, last_bwd) -> float:

@@ -12,7 +12,11 @@ TinyGPT) as pure numbers, so ``labkit.plan_time`` prices every strategy without 
   splits by columns and by rows (one all-reduce each, Megatron's ``f`` and ``g``), and how
   wide its output is (the activation a pipeline stage sends on);
 - per step: the batch, the sequence length, Adam's cost per tensor and per element, and what a
-  step costs beyond its layers and its optimizer (Python: zero_grad, clipping, the schedule).
+  step costs beyond its layers and its optimizer (Python: zero_grad, clipping, the schedule);
+- per strategy: what its own code costs beyond all that (ZeRO's packing and unpacking per
+  unit, FSDP2's hooks and copies, DTensor's dispatch), timed on one process with every
+  collective removed (``labkit.bench_framework``), and per sharded flavour that cost per
+  unit collective, for strategies that were not timed.
 
 Pure arithmetic, no torch.
 """
@@ -20,9 +24,18 @@ Pure arithmetic, no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-__all__ = ["LayerCost", "Workload", "transformer_workload"]
+__all__ = ["LayerCost", "Workload", "framework_key", "transformer_workload"]
+
+
+def framework_key(
+    dp: int, pp: int, tp: int, zero_stage: int = 0, fsdp: bool = False, microbatches: int = 1
+) -> tuple[int, int, int, int, bool, int]:
+    """The key of a strategy in ``Workload.framework``: its degrees, its ZeRO stage (0 where
+    dp is 1), FSDP2 or not, and its micro-batches."""
+    return (dp, pp, tp, zero_stage if dp > 1 else 0, bool(fsdp), microbatches)
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,10 @@ class Workload:
         step_overhead_s: one step's time beyond its layers and Adam, on one process.
         bucket_cap_bytes: DDP's bucket cap (labkit's ``DataParallelBucketed``: 25 MiB).
         name: a label.
+        framework: per strategy (``framework_key``), seconds of one step of its own code
+            beyond its layers, Adam and ``step_overhead_s``, on one process, one thread.
+        unit_call_s: per sharded flavour (``"zero1"`` … ``"zero3"``, ``"fsdp"``), those
+            seconds per unit collective: the price of a strategy not in ``framework``.
 
     Raises:
         ValueError: no layers, or a batch or length below 1.
@@ -102,6 +119,8 @@ class Workload:
     step_overhead_s: float = 0.0
     bucket_cap_bytes: int = 25 << 20
     name: str = "model"
+    framework: Mapping[tuple[int, int, int, int, bool, int], float] = field(default_factory=dict)
+    unit_call_s: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.layers or self.batch < 1 or self.seq_len < 1:

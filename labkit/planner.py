@@ -51,7 +51,7 @@ from labkit.parallel.dims import ParallelDims
 from labkit.plan_estimates import axis_networks, cannot_run, memory_estimate, time_estimate
 from labkit.plan_recompute import RECOMPUTE_MODES, recompute_label
 from labkit.plan_specs import DeviceSpec, ModelSpec, PlanError, _positive_int
-from labkit.plan_time import StepTime, collective_counts, step_time
+from labkit.plan_time import StepTime, collective_counts, framework_time, step_time
 from labkit.plan_workload import LayerCost, Workload, transformer_workload
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "StepTime",
     "Workload",
     "collective_counts",
+    "framework_time",
     "plan",
     "step_time",
     "transformer_workload",

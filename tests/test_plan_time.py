@@ -145,6 +145,31 @@ def test_pipeline_by_hand():
     assert math.isclose(t.step_s, want.step_s + 1e-3 + t.optimizer_s)
 
 
+def test_the_strategys_own_code_by_hand():
+    import dataclasses
+
+    from labkit.plan_time import framework_time
+    from labkit.plan_workload import framework_key
+
+    timed = {framework_key(2, 1, 1, 3, True, 1): 0.05, framework_key(2, 1, 2, 0): 0.004}
+    work = dataclasses.replace(WORK, framework=timed, unit_call_s={"zero1": 1e-4})
+    shared = MachineModel(cores=2, compute_share={2: 1.0, 4: 1.5}, backends={"gloo": NET})
+    plain = step_time(WORK, shared, "gloo", ParallelDims(2, 1, 1), zero_stage=3, fsdp=True)
+    fsdp = step_time(work, shared, "gloo", ParallelDims(2, 1, 1), zero_stage=3, fsdp=True)
+    assert fsdp.framework_s == 0.05 and plain.framework_s == 0.0  # timed: taken as it is
+    assert math.isclose(fsdp.step_s, plain.step_s + 0.05)
+    dp_tp = step_time(work, shared, "gloo", ParallelDims(2, 1, 2))  # 4 ranks share 2 cores
+    assert math.isclose(dp_tp.framework_s, 0.004 * 1.5)
+    # not timed: its flavour's cost per unit collective × its unit collectives (8 units, a
+    # reduce-scatter and an all-gather each), on 4 ranks too; no flavour timed: nothing
+    assert math.isclose(framework_time(work, ParallelDims(4, 1, 1), zero_stage=1), 16e-4)
+    four = step_time(work, shared, "gloo", ParallelDims(4, 1, 1), zero_stage=1)
+    assert math.isclose(four.framework_s, 16e-4 * 1.5)
+    assert framework_time(work, ParallelDims(4, 1, 1), zero_stage=2) == 0.0
+    assert framework_time(work, ParallelDims(1, 1, 1), zero_stage=1) == 0.0  # dp 1: no ZeRO
+    assert any("own code" in r for r in four.reasons)
+
+
 def test_groups_smaller_than_the_world_share_the_cores():
     shared = MachineModel(cores=2, compute_share={2: 1.0, 4: 2.0}, backends={"gloo": NET})
     alone = step_time(WORK, shared, "gloo", ParallelDims(1, 1, 2))

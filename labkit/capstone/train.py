@@ -48,6 +48,7 @@ from labkit.parallel.compose import (
 from labkit.trace import sync_device
 
 __all__ = [
+    "build_rank",
     "checkpoint_dir",
     "eval_steps",
     "train_rank",
@@ -109,6 +110,34 @@ def checkpoint_dir(config: RunConfig, strategy: Strategy) -> Path:
     return Path(config.ckpt_dir) / strategy.key.replace("·", "-")
 
 
+def build_rank(
+    strategy: Strategy, config: RunConfig, device: torch.device, vocab_size: int
+) -> tuple:
+    """This rank's mesh, model share, Adam, schedule and autocast context for a run.
+
+    Call it inside the run's default group (``lk.launch``'s, or torch's fake one for
+    ``labkit.bench_framework``).
+
+    Args:
+        strategy, config: the run.
+        device: this rank's device.
+        vocab_size: the corpus's characters.
+
+    Returns:
+        ``(mesh, parts, optimizer, schedule, context)``.
+
+    Raises:
+        ValueError: sizes the strategy cannot split.
+    """
+    s, c = strategy, config
+    c.check(s)
+    mesh = build_mesh(s.dims, device.type)
+    model = build_model(c, vocab_size).to(device)
+    parts = parallelize_gpt(model, s, mesh, c.seq_len, c.lr)
+    opt = parts.make_adam()
+    return mesh, parts, opt, make_schedule(opt, c), autocast_context(c, device)
+
+
 def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig) -> dict:
     """One rank of a run (``lk.launch`` or torchrun calls it); returns what this rank measured.
 
@@ -133,13 +162,8 @@ def train_rank(rank: int, world_size: int, strategy: Strategy, config: RunConfig
     s, c = strategy, config
     if world_size != s.world_size:
         raise ValueError(f"{s.label} needs {s.world_size} ranks, launched on {world_size}")
-    c.check(s)
     device, corpus = get_device(), char_corpus()
-    mesh = build_mesh(s.dims, device.type)
-    parts = parallelize_gpt(build_model(c, corpus.vocab_size).to(device), s, mesh, c.seq_len, c.lr)
-    opt = parts.make_adam()
-    schedule = make_schedule(opt, c)
-    context = autocast_context(c, device)
+    mesh, parts, opt, schedule, context = build_rank(s, c, device, corpus.vocab_size)
     start = 0
     if c.resume:
         path = latest(checkpoint_dir(c, s))
