@@ -18,6 +18,7 @@ from labkit.costmodel.recipes import (
     SHM_ONE_SHOT_BYTES,
     SHM_ONE_SHOT_RANKS,
     Recipe,
+    gloo_ring_messages,
     recipe,
 )
 
@@ -78,6 +79,17 @@ def test_gloo_recipes_by_hand():
         recipe("gloo", "all_reduce", 1)
 
 
+def test_gloo_ring_cuts_buffers_into_segments_of_at_most_1_mib():
+    # S = max(⌈n / 1 MiB⌉, 2p) rounded up to a multiple of p; 2(S − S/p) messages per rank
+    assert gloo_ring_messages(4, 2) == 4 and gloo_ring_messages(64 << 10, 4) == 12
+    assert gloo_ring_messages(16 * MB, 2) == 16 and gloo_ring_messages(16 * MB, 4) == 24
+    assert gloo_ring_messages(9 * MB, 4) == 18  # 9 segments rounded up to 12
+    assert recipe("gloo", "all_reduce", 4, 16 * MB).messages == 24 - 6
+    assert recipe("gloo", "reduce_scatter", 2, 64).messages == 2  # its whole all-reduce
+    assert recipe("gloo", "all_gather", 4, 16 * MB).messages == 0  # 2(p−1) halves, any size
+    assert recipe("gloo", "broadcast", 4, 16 * MB).messages == 0
+
+
 def test_rounds_count_chunks():
     r = Recipe(chunked=1, extra_rounds=1)
     assert r.rounds(0, MB) == 2 and r.rounds(MB, MB) == 2 and r.rounds(MB + 1, MB) == 3
@@ -91,11 +103,14 @@ def test_gloo_all_reduce_terms_by_hand():
     # ring on 2 ranks: 2·(1/2)·n exchanged at β with duplex 2 (β measured with 2 ranks busy)
     assert math.isclose(t["wire"], 1.0 * n * 0.5e-9 * 2.0)
     assert math.isclose(t["reduce"], 0.5 * n * 4e-9)  # (p−1)/p·n at the 2-rank add rate
-    assert t["copy"] == 0 and t["rounds"] == 0
+    assert t["copy"] == 0
+    # 4 segments (2p) of 256 KiB: 4 messages where one float's call sends 2(p−1) = 2
+    assert math.isclose(t["rounds"], 2 * 50e-6)
     # 4 ranks: the wire slows down as copies do from 2 to 4 ranks (×2); overhead unmeasured:
     t4 = collective_terms(MACHINE, "gloo", "all_reduce", n, 4)
     assert math.isclose(t4["wire"], 1.5 * n * 0.5e-9 * 2.0 * 2)
     assert math.isclose(t4["overhead"], 6 * 50e-6)  # 2(p−1) steps of α
+    assert math.isclose(t4["rounds"], (12 - 6) * 50e-6 * 2)  # 8 segments: 2·(8 − 2) messages
     assert math.isclose(
         predict_collective(MACHINE, "gloo", "all_reduce", n, 4), sum(t4.values()), rel_tol=1e-12
     )

@@ -15,10 +15,11 @@ from labkit.plan_time import step_time
 from labkit.plan_workload import LayerCost, Workload
 
 # Every collective costs its per-call overhead alone (no bytes are priced: β = 0, no copy
-# rates), and compute shares nothing: the terms can be added up by hand.
+# rates; labkit_shm's recipes, whose rounds cost nothing here, not gloo's, whose segments cost
+# α each), and compute shares nothing: the terms can be added up by hand.
 COST = {"all_reduce": 1e-3, "all_gather": 2e-3, "reduce_scatter": 3e-3}
 OVERHEAD = {(op, p): t for op, t in COST.items() for p in (2, 4)}
-NET = BackendCosts("gloo", "gloo", alpha=5e-4, beta=0.0, overhead_s=OVERHEAD)
+NET = BackendCosts("gloo", "labkit_shm", alpha=5e-4, beta=0.0, overhead_s=OVERHEAD)
 MACHINE = MachineModel(cores=8, compute_share={2: 1.0, 4: 1.0}, backends={"gloo": NET})
 
 EMBED = LayerCost("embed", ((10, 4),), forward=(1e-3, 0.0), backward=(2e-3, 0.0), width=4)

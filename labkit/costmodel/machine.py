@@ -11,10 +11,11 @@ ranks. A ``MachineModel`` holds each of these as a number measured on the machin
 (``labkit.bench.calibrate`` measures them, ``labkit.costmodel.calibrate`` turns the
 measurements into this model), and ``predict_collective`` adds them up::
 
-    t = overhead(op, p) + (rounds − 1)·round_s(p)
+    t = overhead(op, p) + (rounds − 1)·round_s(p) + messages·α·c(p, n)/c(2, n)
         + wire·n·β·[duplex]·c(p, n)/c(2, n) + copy·n·c(p, n) + reduce·n·a(p, n)
 
-with the recipe's counts per byte of n; c(p, n) and a(p, n) the seconds per byte of one
+with the recipe's counts per byte of n (and its messages beyond the smallest call's: gloo's
+ring cuts a buffer into more segments than p); c(p, n) and a(p, n) the seconds per byte of one
 copy and of one ``a += b`` of n bytes while p ranks do the same at once (how ranks share the
 cores and the memory, measured: the ratio c(p, n)/c(2, n) slows the wire, whose β was
 measured with two ranks busy); and, between bursts of compute as a training step makes the
@@ -262,7 +263,7 @@ def collective_terms(
     wire_share = machine.share(p, n, base=2)
     return {
         "overhead": b.overhead(op, p, between_compute),
-        "rounds": extra * b.round_s.get(p, 0.0),
+        "rounds": extra * b.round_s.get(p, 0.0) + wire_share * r.messages * b.alpha,
         "wire": wire_share * r.wire * n * b.beta * (b.duplex if r.exchange else 1.0),
         "copy": r.copy * n * machine.copy_rate(p, n),
         "reduce": r.reduce * n * machine.add_rate(p, n),

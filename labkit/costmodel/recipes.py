@@ -10,12 +10,16 @@ calibrated rates.
 
 - **gloo** (torch 2.13's ``ProcessGroupGloo`` on gloo): ``all_reduce`` is gloo's ring
   (reduce-scatter, then all-gather, over the pairs' sockets: 2(p−1)/p·n sent *and* received
-  by each rank at once, (p−1)/p·n reduced); ``all_gather_into_tensor`` is gloo's ring
-  all-gather ((p−1)/p·n both ways) into a flat buffer that torch then copies into the output
-  (n), gloo having copied the rank's own block in first (n/p); ``reduce_scatter_tensor``
-  clones the input (n), all-reduces the whole clone, and copies this rank's block out (n/p)
-  (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``); ``broadcast`` is gloo's binomial
-  tree, ⌈lg p⌉ one-way hops of n (``gloo/broadcast.cc``).
+  by each rank at once, (p−1)/p·n reduced), cut into S segments of at most 1 MiB, S a
+  multiple of p and at least 2p (``gloo/allreduce.cc``, ``kMaxSegmentSize``), so each rank
+  sends 2(S − S/p) messages where the textbook ring sends 2(p−1) — and a call of one float,
+  whose other segments are empty, sends those 2(p−1): the difference is ``messages``;
+  ``all_gather_into_tensor`` is gloo's ring all-gather ((p−1)/p·n both ways, 2(p−1) halves of
+  blocks whatever the size: ``gloo/allgather.cc``) into a flat buffer that torch then copies
+  into the output (n), gloo having copied the rank's own block in first (n/p);
+  ``reduce_scatter_tensor`` clones the input (n), all-reduces the whole clone, and copies this
+  rank's block out (n/p) (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``);
+  ``broadcast`` is gloo's binomial tree, ⌈lg p⌉ one-way hops of n (``gloo/broadcast.cc``).
 - **labkit_shm** (``labkit/backends/_shm``): data moves through per-rank slots of shared
   memory, a slot (``chunk_bytes``) per round, and each round ends when every rank has
   arrived. ``all_reduce`` up to 3 ranks, or up to 256 KiB, is one-shot: copy n into the slot,
@@ -34,11 +38,13 @@ import math
 from dataclasses import dataclass
 
 __all__ = [
+    "GLOO_SEGMENT_BYTES",
     "KINDS",
     "OPS",
     "SHM_ONE_SHOT_BYTES",
     "SHM_ONE_SHOT_RANKS",
     "Recipe",
+    "gloo_ring_messages",
     "lg_ceil",
     "recipe",
 ]
@@ -68,6 +74,8 @@ class Recipe:
         reduce: bytes reduced (γ each: one pass of ``a += b`` over them).
         chunked: bytes that stream through slots of ``chunk_bytes``, one round each.
         extra_rounds: rounds beyond the chunks (labkit_shm's pipelined all-reduce: 1).
+        messages: point-to-point messages on the critical path beyond those of the
+            smallest call (which the measured per-call cost covers), α each: not per byte.
         source: where in the implementation this comes from.
     """
 
@@ -77,6 +85,7 @@ class Recipe:
     reduce: float = 0.0
     chunked: float = 0.0
     extra_rounds: int = 0
+    messages: float = 0.0
     source: str = ""
 
     def rounds(self, n_bytes: float, chunk_bytes: float) -> int:
@@ -86,10 +95,24 @@ class Recipe:
         return max(1, math.ceil(self.chunked * n_bytes / chunk_bytes)) + self.extra_rounds
 
 
-def _gloo(op: str, p: int) -> Recipe:
+GLOO_SEGMENT_BYTES = 1 << 20  # gloo's AllreduceOptionsImpl::kMaxSegmentSize
+
+
+def gloo_ring_messages(n_bytes: float, p: int) -> int:
+    """Messages each rank sends in gloo's ring all-reduce of ``n_bytes`` on ``p`` ranks:
+    2(S − S/p) for S = ⌈max(⌈n / 1 MiB⌉, 2p) / p⌉·p segments (``gloo/allreduce.cc``)."""
+    s = max(math.ceil(n_bytes / GLOO_SEGMENT_BYTES), 2 * p)
+    s = math.ceil(s / p) * p
+    return 2 * (s - s // p)
+
+
+def _gloo(op: str, p: int, n_bytes: float = 0.0) -> Recipe:
     f = (p - 1) / p
+    more = gloo_ring_messages(n_bytes, p) - 2 * (p - 1)  # beyond a one-float call's
     if op == "all_reduce":
-        return Recipe(wire=2 * f, exchange=True, reduce=f, source="gloo ring all-reduce")
+        return Recipe(
+            wire=2 * f, exchange=True, reduce=f, messages=more, source="gloo ring all-reduce"
+        )
     if op == "all_gather":
         return Recipe(
             wire=f, exchange=True, copy=1 + 1 / p, source="gloo ring all-gather + torch's copy"
@@ -100,6 +123,7 @@ def _gloo(op: str, p: int) -> Recipe:
             exchange=True,
             reduce=f,
             copy=1 + 1 / p,
+            messages=more,
             source="torch's clone + gloo ring all-reduce + copy out",
         )
     if op == "broadcast":
@@ -135,7 +159,8 @@ def recipe(kind: str, op: str, world_size: int, n_bytes: float = 0.0) -> Recipe:
         kind: ``"gloo"`` or ``"labkit_shm"``.
         op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"broadcast"``.
         world_size: ranks p (≥ 2).
-        n_bytes: the size (labkit_shm's all-reduce picks its algorithm by it).
+        n_bytes: the size (labkit_shm's all-reduce picks its algorithm by it; gloo's ring
+            cuts it into segments).
 
     Returns:
         The ``Recipe``.
@@ -146,7 +171,7 @@ def recipe(kind: str, op: str, world_size: int, n_bytes: float = 0.0) -> Recipe:
     if world_size < 2:
         raise ValueError(f"a recipe needs world_size >= 2, got {world_size}")
     if kind == "gloo":
-        return _gloo(op, world_size)
+        return _gloo(op, world_size, n_bytes)
     if kind == "labkit_shm":
         return _shm(op, world_size, n_bytes)
     raise ValueError(f"unknown backend kind {kind!r}; known: {', '.join(KINDS)}")
