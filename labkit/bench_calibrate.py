@@ -156,7 +156,10 @@ def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]
     it (a ZeRO-3 unit's gather, a tensor-parallel layer's all-reduce): per burst, with the op
     and without it, from the first rank's start to the last rank's end. ``"p2p"``: pairs pass
     a message back and forth, each burst of compute between a receive and a send, as pipeline
-    stages do; half an iteration is one burst and one hop."""
+    stages do; half an iteration is one burst and one hop. ``"p2p_busy"``: every rank computes
+    a burst, then sends to the next rank and receives from the one before (a pipeline's
+    steady state, every stage busy): one burst and one hop per iteration, the hop's receiver
+    waiting for a core when ranks outnumber cores."""
     rank, p = dist.get_rank(), dist.get_world_size()
     a, b = torch.randn(64, 64), torch.empty(64, 64)
     x, whole, part = torch.ones(p), torch.empty(p), torch.ones(1)
@@ -176,6 +179,12 @@ def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]
             burst()
             dist.send(part, peer)
 
+    def busy_hop() -> None:
+        sent = dist.isend(part, (rank + 1) % p)
+        dist.recv(got, (rank - 1) % p)
+        sent.wait()
+
+    got = torch.empty(1)
     calls = {
         "none": burst,
         "all_reduce": lambda: (burst(), dist.all_reduce(x)),
@@ -184,6 +193,7 @@ def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]
     }
     if p % 2 == 0:
         calls["p2p"] = hop
+    calls["p2p_busy"] = lambda: (burst(), busy_hop())
     starts: dict[str, list[float]] = {k: [] for k in calls}
     ends: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(reps):

@@ -10,7 +10,9 @@ backward in turn, then the remaining backwards; ``labkit.parallel.pipeline.one_f
 order) with each stage's own forward and backward time: an action starts when its stage is
 free and its input has arrived (the forward of the stage before, or the backward of the
 stage after, plus one hop). With equal stages and free hops it gives (m + p − 1)(F + B),
-the formula's step.
+the formula's step. A hop may cost more while the other ranks compute (``hop_s`` as a
+function of how many do): with more ranks than cores, a receiver that waits for its message
+must also wait for a core.
 
 Pure arithmetic, no torch.
 """
@@ -60,7 +62,7 @@ def pipeline_time(
     forward_s: Sequence[float],
     backward_s: Sequence[float],
     m: int,
-    hop_s: float = 0.0,
+    hop_s: float | Callable[[int], float] = 0.0,
     share: Callable[[int], float] | None = None,
     copies: int = 1,
 ) -> PipelineTime:
@@ -77,7 +79,9 @@ def pipeline_time(
         backward_s: per stage, one micro-batch's backward.
         m: micro-batches.
         hop_s: the time from the end of an action to its output's arrival at the next stage
-            (a message: activations forward, their gradients backward).
+            (a message: activations forward, their gradients backward); or a function of
+            the ranks computing when the message leaves (the other stages that run, times
+            ``copies``) to that time.
         share: k ranks computing at once → how much slower each runs (None: no sharing).
         copies: identical pipelines running at the same time (their ranks share too).
 
@@ -93,6 +97,8 @@ def pipeline_time(
     slow = share or (lambda k: 1.0)
     orders = [one_f_one_b_order(p, s, m) for s in range(p)]
     end: dict[tuple[str, int, int], float] = {}  # (op, stage, micro-batch) -> end time
+    hops: dict[tuple[str, int, int], float] = {}  # -> the hop its output takes
+    hop_of = hop_s if callable(hop_s) else (lambda k: hop_s)
     nxt, running, now = [0] * p, {}, 0.0  # running: stage -> [key, work left]
 
     def arrival(s: int) -> float | None:
@@ -103,7 +109,7 @@ def pipeline_time(
             return 0.0
         if dep not in end:
             return None
-        return end[dep] + (hop_s if dep[1] != s else 0.0)
+        return end[dep] + (hops[dep] if dep[1] != s else 0.0)
 
     while True:
         for s in range(p):  # start what can start now
@@ -129,9 +135,12 @@ def pipeline_time(
                 if (a := arrival(s)) is not None and a > now]  # fmt: skip
         dt = min([step, *[a - now for a in soon]])
         now += dt
+        done = []
         for s in list(running):
             running[s][1] -= dt * rate
             if running[s][1] <= 1e-15:
-                end[running.pop(s)[0]] = now
+                done.append(running.pop(s)[0])
+        for key in done:
+            end[key], hops[key] = now, hop_of(len(running) * copies)
     busy = tuple(m * (forward_s[s] + backward_s[s]) for s in range(p))
     return PipelineTime(max(end.values()), busy)

@@ -19,8 +19,9 @@ FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what th
 - **DDP**: one all-reduce per bucket (labkit's ``DataParallelBucketed``, 25 MiB buckets),
   overlapped with the rest of backward only where a spare core can carry it;
 - **pp**: 1F1B played through (``labkit.plan_pipeline``) with each stage's own times, one
-  point-to-point message of N·h elements per hop, and the cores shared only by the stages
-  that compute at the same moment: the bubble comes out of it;
+  point-to-point message of N·h elements per hop — priced as measured while every rank
+  computes when the other stages' ranks take every core, else as between pairs — and the
+  cores shared only by the stages that compute at the same moment: the bubble comes out of it;
 - **clip**: one all-reduce of a scalar over every rank (``compose.clip_grad_norm_``);
 - **optimizer**: Adam per local tensor and element (ZeRO and FSDP2 update 1/dp of them);
 - **overhead**: the rest of a step's Python, calibrated on one process;
@@ -42,7 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from labkit.costmodel.machine import NETWORK_KIND, MachineModel, predict_collective
+from labkit.costmodel.machine import NETWORK_KIND, P2P_BUSY, MachineModel, predict_collective
 from labkit.parallel.dims import ParallelDims
 from labkit.plan_pipeline import pipeline_time
 from labkit.plan_workload import Workload, framework_key
@@ -91,7 +92,7 @@ class _Pricer:
 
     def __call__(self, op: str, n_bytes: float, group: int) -> float:
         m = self.machine
-        if op == "p2p":  # a hop: measured while the whole world passes messages
+        if op in ("p2p", P2P_BUSY):  # a hop: measured while the whole world passes messages
             return predict_collective(m, self.backend, op, n_bytes, self.world, True)
         if group <= 1:
             return 0.0
@@ -163,14 +164,20 @@ def step_time(
         tp_s, gathers = max(tp_s, m * (tf + tb)), max(gathers, 2 * m * g)
     reasons = [f"micro-batch: b = B/(dp·m) = {w.batch}/({dp}·{m}), {tokens} tokens"]
     if pp > 1:
-        hop = price("p2p", tokens * w.layers[stages[0][-1]].width * eb, 2)
-        pipe = pipeline_time(fwd, bwd, m, hop, machine.compute_share_at, copies=dp * tp)
+        msg = tokens * w.layers[stages[0][-1]].width * eb
+        hop, busy_hop = price("p2p", msg, 2), price(P2P_BUSY, msg, 2)
+
+        def hop_s(computing: int) -> float:  # every core taken: the receiver waits for one
+            return busy_hop if computing >= machine.cores else hop
+
+        pipe = pipeline_time(fwd, bwd, m, hop_s, machine.compute_share_at, copies=dp * tp)
         compute = max(pipe.busy_s) * share  # the busiest stage's work, as shared as it gets
         compute = min(compute, pipe.step_s)
         bubble = pipe.step_s - compute
         reasons.append(
             f"1F1B over {pp} stages, {m} micro-batches: busiest stage {compute * 1e3:.3g} ms, "
-            f"bubble {bubble * 1e3:.3g} ms (hops of {hop * 1e6:.0f} us)"
+            f"bubble {bubble * 1e3:.3g} ms (hops of {hop * 1e6:.0f} us, "
+            f"{busy_hop * 1e6:.0f} us while every core computes)"
         )
     else:
         compute, bubble = m * (fwd[0] + bwd[0]), 0.0

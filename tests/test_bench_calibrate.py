@@ -29,7 +29,8 @@ def test_fast_calibration_measures_every_term():
     assert shm.alpha > 0 and shm.beta > 0 and shm.duplex >= 1
     assert set(shm.overhead_s) == {(op, 2) for op in OPS}
     assert shm.round_s[2] > 0 and shm.chunk_bytes[2] >= 64 << 10  # a slot per round
-    assert {op for op, _ in shm.sync_s} == {*OPS[:3], "p2p"}  # between bursts of compute
+    # between bursts of compute; p2p_busy: the hop while every rank computes
+    assert {op for op, _ in shm.sync_s} == {*OPS[:3], "p2p", "p2p_busy"}
     assert set(machine.copy_s_per_byte) == {1, 2} and set(machine.add_s_per_byte) == {1, 2}
     assert all(r > 0 for t in machine.copy_s_per_byte.values() for r in t.values())
     assert machine.compute_share_at(2) >= 1.0 and machine.compute_share_at(1) >= 1.0

@@ -69,6 +69,43 @@ def test_pipeline_time_unequal_stages_by_hand():
         pipeline_time([1.0], [1.0, 2.0], 2)
 
 
+def test_a_hop_may_cost_more_while_other_stages_compute():
+    f, b = [1.0] * 3, [2.0] * 3
+    seen = []
+
+    def hop(k):
+        seen.append(k)
+        return 0.5 if k >= 1 else 0.0
+
+    free, flat = pipeline_time(f, b, 4), pipeline_time(f, b, 4, hop_s=0.5)
+    assert pipeline_time(f, b, 4, hop_s=lambda k: 0.5).step_s == flat.step_s
+    mixed = pipeline_time(f, b, 4, hop_s=hop)
+    assert free.step_s < mixed.step_s < flat.step_s  # the fill's first hops leave idle stages
+    assert set(seen) == {0, 1, 2}  # the others computing when a message leaves: 0 … p − 1
+    # with copies, their ranks compute too
+    seen.clear()
+    pipeline_time(f, b, 4, hop_s=hop, copies=2)
+    assert max(seen) == 4 and min(seen) == 0
+
+
+def test_pipeline_hops_while_every_core_computes():
+    costs = {**OVERHEAD, ("p2p", 4): 1e-4, ("p2p_busy", 4): 2e-3}
+    net = BackendCosts("gloo", "labkit_shm", alpha=5e-4, beta=0.0, sync_s=costs)
+    few = MachineModel(cores=2, compute_share={2: 1.0, 4: 1.0}, backends={"gloo": net})
+    many = MachineModel(cores=8, compute_share={2: 1.0, 4: 1.0}, backends={"gloo": net})
+    four = ParallelDims(1, 2, 1)
+    work = Workload((EMBED, BLOCK, BLOCK, BLOCK, BLOCK, HEAD), batch=8, seq_len=10)
+    on_two = step_time(work, few, "gloo", ParallelDims(1, 4, 1), microbatches=4)
+    on_eight = step_time(work, many, "gloo", ParallelDims(1, 4, 1), microbatches=4)
+    assert on_two.bubble_s > on_eight.bubble_s  # 3 other stages computing take both cores
+    assert "2000 us while every core computes" in " ".join(on_two.reasons)
+    # unmeasured: a busy hop is priced as any hop
+    plain = BackendCosts("gloo", "labkit_shm", alpha=5e-4, beta=0.0, sync_s=OVERHEAD)
+    m = MachineModel(cores=2, compute_share={2: 1.0}, backends={"gloo": plain})
+    t = step_time(work, m, "gloo", four, microbatches=2)
+    assert "hops of 500 us, 500 us while" in " ".join(t.reasons)
+
+
 def test_pipeline_stages_share_one_core_only_while_both_compute():
     # one core (k ranks computing: each at 1/k speed), F = B = 1: stage 0 F0 [0,1]; F1 and
     # stage 1's F0 together [1,3]; stage 1 B0 alone [3,4]; stage 0 B0 and stage 1 F1 together

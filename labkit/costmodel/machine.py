@@ -38,9 +38,10 @@ from labkit.costmodel.network import Network
 from labkit.costmodel.predict import predict
 from labkit.costmodel.recipes import KINDS, recipe
 
-__all__ = ["BackendCosts", "MachineModel", "collective_terms", "predict_collective"]
+__all__ = ["P2P_BUSY", "BackendCosts", "MachineModel", "collective_terms", "predict_collective"]
 
 NETWORK_KIND = "network"  # a backend priced by the α-β formulas alone (presets, what-if)
+P2P_BUSY = "p2p_busy"  # a pipeline hop while every rank computes (``sync_s`` only)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ class BackendCosts:
         got = got if got is not None else self.overhead_s.get((op, world_size))
         if got is not None:
             return got
+        if op == P2P_BUSY:  # not measured: a hop like any other
+            return self.overhead("p2p", world_size, between_compute)
         if op == "p2p":
             return self.alpha
         return _steps(op, world_size) * self.alpha
@@ -232,7 +235,8 @@ def collective_terms(
         backend: a backend name of ``machine``.
         op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``, ``"broadcast"`` or
             ``"p2p"`` (one message, α + nβ, or its cost measured while ``world_size`` ranks
-            pass messages in pairs).
+            pass messages in pairs), or ``"p2p_busy"`` (the same, measured while every rank
+            computes and passes one on: a pipeline's steady state).
         n_bytes: the size, nccl-tests' convention (all_gather: the gathered output;
             reduce_scatter: each rank's input).
         world_size: ranks p.
@@ -249,8 +253,8 @@ def collective_terms(
     if not n_bytes >= 0:
         raise ValueError(f"n_bytes must be >= 0, got {n_bytes!r}")
     b, p, n = machine.backend(backend), world_size, float(n_bytes)
-    if op == "p2p":  # one message; world_size: how many ranks are busy meanwhile
-        return {"overhead": b.overhead("p2p", max(p, 2), between_compute), "wire": n * b.beta}
+    if op in ("p2p", P2P_BUSY):  # one message; world_size: how many ranks are busy meanwhile
+        return {"overhead": b.overhead(op, max(p, 2), between_compute), "wire": n * b.beta}
     if p <= 1:
         return dict.fromkeys(("overhead", "rounds", "wire", "copy", "reduce"), 0.0)
     if b.kind == NETWORK_KIND:
