@@ -7,9 +7,10 @@ runs hooks around every unit and copies into and out of its flat buffers; DTenso
 operator through Python. None of it is a layer or Adam, and a step-time model that prices
 only those misses FSDP2 on TinyGPT by 4x on one core. Here a strategy's training step (the
 capstone's ``train_step``, rank 0's share) runs on one process inside torch's fake process
-group (``init_process_group("fake")``: every collective returns at once and moves nothing; the
-dry runs of torchtitan use it), at the strategy's world size, so the shards, units and hooks
-are the real ones. What the step takes beyond the model's price of the same step without
+group (``init_process_group("fake")``: every collective returns at once and moves nothing;
+``torch.testing._internal.distributed.fake_pg``: "run a single rank ... without needing
+multiple processes"), at the strategy's world size, so the shards, units and hooks are the
+real ones. What the step takes beyond the model's price of the same step without
 communication (layers, Adam, the rest of a single-process step) is the strategy's own code:
 ``Workload.framework``. Per sharded flavour, those seconds per unit collective
 (``Workload.unit_call_s``) price the strategies that were not timed.
