@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from _record import publish  # noqa: E402  (this folder: the script's own path)
+from _record import machine, publish  # noqa: E402  (this folder: the script's own path)
 
 import labkit as lk  # noqa: E402
 
@@ -127,7 +127,7 @@ def model_error(p2p_rows: list, ar_rows: list, stat: str) -> tuple[lk.Network, f
     return net, statistics.median(errors), statistics.median(ratios)
 
 
-def bound_lines(results: dict, world_sizes: list[int], machine) -> list[str]:
+def bound_lines(results: dict, world_sizes: list[int], model) -> list[str]:
     """labkit_shm's 16 MB time against the memory work of its algorithm alone, and gloo's."""
     lines = [
         "",
@@ -142,7 +142,7 @@ def bound_lines(results: dict, world_sizes: list[int], machine) -> list[str]:
     for p in world_sizes:
         s = {r.n_bytes: r for r in results[("labkit_shm", p)]}[BIG]
         g = {r.n_bytes: r for r in results[("gloo", p)]}[BIG]
-        terms = lk.costmodel.collective_terms(machine, "labkit_shm", "all_reduce", BIG, p)
+        terms = lk.costmodel.collective_terms(model, "labkit_shm", "all_reduce", BIG, p)
         work = terms["copy"] + terms["reduce"]
         ratio = (g.time_s / s.time_s, g.time_min_s / s.time_min_s)
         met = "met" if ratio[0] >= TARGET[p] else "missed"
@@ -160,7 +160,7 @@ def report(
     copy: dict[int, float],
     load: list[float],
     args,
-    machine=None,
+    model=None,
 ) -> str:
     cmd = ".venv/bin/python benchmarks/backends.py " + " ".join(sys.argv[1:])
     lines = [
@@ -208,8 +208,8 @@ def report(
         lat = (s[8].time_s / g[8].time_s, s[8].time_min_s / g[8].time_min_s)
         bus = (s[BIG].busbw_gbps / g[BIG].busbw_gbps, best_busbw(s[BIG]) / best_busbw(g[BIG]))
         lines.append(f"| {p} | {lat[0]:.2f} / {lat[1]:.2f} | {bus[0]:.2f} / {bus[1]:.2f} |")
-    if machine is not None:
-        lines += bound_lines(results, world_sizes, machine)
+    if model is not None:
+        lines += bound_lines(results, world_sizes, model)
     lines += [
         "",
         "Cost model fitted on 2-rank ping-pong only (`lk.costmodel.fit`), predicting the ring "
@@ -243,14 +243,14 @@ def main() -> None:
     copy = {n: memcpy_gbps(n) for n in (BIG, 4 * BIG)}
     results = measure(world_sizes, args.iters, args.rounds)
     probes = lk.bench.measure_probes(BACKENDS, world_sizes, fast=True)
-    machine = lk.costmodel.calibrate.machine_from_probes(probes, "min")
+    model = lk.costmodel.calibrate.machine_from_probes(probes, "min")
     load.append(os.getloadavg()[0])
     copy_after = {n: memcpy_gbps(n) for n in copy}  # before and after: the machine drifts
     copy = {n: (copy[n] + copy_after[n]) / 2 for n in copy}
     for (backend, p), rows in results.items():
         print(f"# {backend}, {'2 ranks, p2p' if p == 'p2p' else f'{p} ranks, all_reduce'}")
         print(lk.bench.format_table(rows))
-    text = report(results, world_sizes, copy, load, args, machine)
+    text = report(results, world_sizes, copy, load, args, model)
     publish(text, args.out)
     lk.shutdown()
 
