@@ -11,7 +11,9 @@ group (``init_process_group("fake")``: every collective returns at once and move
 ``torch.testing._internal.distributed.fake_pg``: "run a single rank ... without needing
 multiple processes"), at the strategy's world size, so the shards, units and hooks are the
 real ones. What the step takes beyond the model's price of the same step without
-communication (layers, Adam, the rest of a single-process step) is the strategy's own code:
+communication (layers, Adam, the rest of a single-process step), less what plain data
+parallelism's step on as many ranks takes beyond its own price (that part of the gap is the
+timing's, not the strategy's: plain DP's code is priced already), is the strategy's own code:
 ``Workload.framework``. Per sharded flavour, those seconds per unit collective
 (``Workload.unit_call_s``) price the strategies that were not timed.
 
@@ -107,16 +109,24 @@ def framework_costs(work: Workload, config, strategies: Iterable, reps: int = 5)
     Args:
         work: the model's ``Workload`` (``capstone_workload``), without communication.
         config: the run's ``lk.capstone.RunConfig``.
-        strategies: ``lk.capstone.Strategy`` objects (each timed once, a second or less).
+        strategies: ``lk.capstone.Strategy`` objects (each timed once, a second or less; plain
+            data parallelism once per world size besides).
         reps: timed steps per strategy.
 
     Returns:
         A new ``Workload``.
     """
-    framework, per_call = dict(work.framework), {}
+    from labkit.capstone.strategy import Strategy
+
+    framework, per_call, base = dict(work.framework), {}, {}
     for s in strategies:
         args = (s.dims, s.zero_stage, s.fsdp, s.microbatches)
-        extra = max(0.0, strategy_step_s(s, config, reps) - model_without_comm_s(work, *args))
+        if s.world_size not in base:  # plain data parallelism on as many ranks: the baseline
+            dp = Strategy(dp=s.world_size)
+            priced = model_without_comm_s(work, dp.dims, 0, False, 1)
+            base[s.world_size] = strategy_step_s(dp, config, reps) - priced
+        priced = model_without_comm_s(work, *args)
+        extra = max(0.0, strategy_step_s(s, config, reps) - priced - base[s.world_size])
         framework[framework_key(s.dp, s.pp, s.tp, *args[1:])] = extra
         if s.zero_stage and s.dp > 1 and s.pp == s.tp == 1:
             counts = collective_counts(work, s.dims, s.zero_stage, s.microbatches)
