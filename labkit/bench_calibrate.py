@@ -6,8 +6,8 @@ One launch per backend and world size measures, in a few seconds (``fast``), wha
 ``labkit.costmodel.calibrate`` needs: a ping-pong and an exchange between two ranks (α, β,
 duplex), every collective at its smallest size and a barrier (the per-call overhead, the cost
 of a round), and, in the gloo launches, the machine itself: a one-core memcpy and a reduction
-pass (c, γ), and a fixed amount of memory-bound and compute-bound work done by one rank alone
-and then by all ranks at once (how ranks share the cores)::
+pass (c, γ), and a fixed amount of memory-bound work and of a small transformer block's forward
+and backward done by one rank alone and then by all ranks at once (how ranks share the cores)::
 
     machine, probes = lk.bench.calibrate(["gloo", "labkit_shm"], world_sizes=(2, 4), fast=True)
     lk.costmodel.predict_collective(machine, "gloo", "all_reduce", 1 << 20, 4)
@@ -36,18 +36,17 @@ TINY_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"
 MACHINE_BACKEND = "gloo"  # its waits block in the kernel: a waiting rank leaves its core free
 COPY_SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes: in cache up to memory
 BURST = 40  # 64 x 64 matrix products between two calls of ``_between``: about 0.3 ms
+WAKE_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what a training step calls
+WAKE_SIZES = (1 << 17, 1 << 20)  # bytes: a layer's activations, a unit's parameters
 
 
 def _cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _slowest(samples: list[float]) -> list[float]:
     """Per sample, the slowest rank's value (one MAX all-reduce)."""
-    t = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t := torch.tensor(samples, dtype=torch.float64), op=dist.ReduceOp.MAX)
     return t.tolist()
 
 
@@ -91,7 +90,8 @@ def _exchange(n_bytes: int, iters: int) -> tuple[list[float], list[float]]:
 
 
 def _work(kind: str, bufs: tuple[torch.Tensor, torch.Tensor], units: int) -> float:
-    """Seconds of ``units`` copies of a buffer, reduction passes, or small matrix products."""
+    """Seconds of ``units`` copies of a buffer, reduction passes, or forward and backward
+    passes of a small transformer block."""
     a, b = bufs
     t0 = time.perf_counter()
     for _ in range(units):
@@ -100,13 +100,15 @@ def _work(kind: str, bufs: tuple[torch.Tensor, torch.Tensor], units: int) -> flo
         elif kind == "add":
             b.add_(a)
         else:
-            torch.mm(a, a, out=b)
+            a(b).sum().backward()
     return time.perf_counter() - t0
 
 
-def _bufs(kind: str, n_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if kind == "mm":
-        return torch.randn(128, 128), torch.empty(128, 128)
+def _bufs(kind: str, n_bytes: int) -> tuple[Any, torch.Tensor]:
+    if kind == "block":  # compute as a small model's layers run it, not a peak matmul
+        torch.manual_seed(0)
+        block = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+        return block, torch.randn(8, 32, 64)
     return torch.ones(n_bytes // 4), torch.ones(n_bytes // 4)
 
 
@@ -147,8 +149,34 @@ def _machine(fast: bool) -> dict:
             alone, together = _alone_then_together(kind, n, units, reps)
             per_unit = [t / units for t in alone], [t / units for t in together]
             out[kind][n] = per_unit
-    out["compute"] = _alone_then_together("mm", 0, 100, reps)
+    # several milliseconds a sample, more samples: one preempted sample must not be the median
+    out["compute"] = _alone_then_together("block", 0, 4, 2 * reps + 1)
     return out
+
+
+def _per_iteration(calls: dict, iters: int, reps: int) -> dict[Any, list[float]]:
+    """Per call, ``reps`` samples of ``iters`` calls in a row, the calls interleaved rep by
+    rep (the load drifts): per iteration, from the first rank's start to the last one's end."""
+    starts: dict[Any, list[float]] = {k: [] for k in calls}
+    ends: dict[Any, list[float]] = {k: [] for k in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            dist.barrier()
+            starts[name].append(time.perf_counter())
+            for _ in range(iters):
+                call()
+            ends[name].append(time.perf_counter())
+    return {k: [t / iters for t in _makespan(starts[k], ends[k])] for k in calls}
+
+
+def _burster() -> Callable[[], None]:  # a short burst of compute: BURST small products
+    a, b = torch.randn(64, 64), torch.empty(64, 64)
+
+    def burst() -> None:
+        for _ in range(BURST):
+            torch.mm(a, a, out=b)
+
+    return burst
 
 
 def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]]:
@@ -160,13 +188,8 @@ def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]
     a burst, then sends to the next rank and receives from the one before (a pipeline's
     steady state, every stage busy): one burst and one hop per iteration, the hop's receiver
     waiting for a core when ranks outnumber cores."""
-    rank, p = dist.get_rank(), dist.get_world_size()
-    a, b = torch.randn(64, 64), torch.empty(64, 64)
+    rank, p, burst = dist.get_rank(), dist.get_world_size(), _burster()
     x, whole, part = torch.ones(p), torch.empty(p), torch.ones(1)
-
-    def burst() -> None:
-        for _ in range(BURST):
-            torch.mm(a, a, out=b)
 
     def hop() -> None:  # even ranks compute and send first, odd ranks answer
         peer = rank ^ 1
@@ -194,20 +217,35 @@ def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]
     if p % 2 == 0:
         calls["p2p"] = hop
     calls["p2p_busy"] = lambda: (burst(), busy_hop())
-    starts: dict[str, list[float]] = {k: [] for k in calls}
-    ends: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(reps):
-        for name, call in calls.items():
-            dist.barrier()
-            starts[name].append(time.perf_counter())
-            for _ in range(iters):
-                call()
-            ends[name].append(time.perf_counter())
-    per_burst = {k: [t / iters for t in _makespan(starts[k], ends[k])] for k in calls}
+    per_burst = _per_iteration(calls, iters, reps)
     if "p2p" in per_burst:  # two bursts and two hops per iteration
         per_burst["p2p"] = [t / 2 for t in per_burst["p2p"]]
     none = per_burst.pop("none")
     return {k: (with_op, none) for k, with_op in per_burst.items()}
+
+
+def _sized(iters: int, reps: int) -> dict[tuple[str, int, int], tuple[list, list]]:
+    """``WAKE_OPS`` at ``WAKE_SIZES`` between short bursts of compute, and the bursts alone,
+    by ``(op, bytes, group size)``: on the world and, on an even world above 2, on pairs
+    calling at once (tp or dp groups of 2 inside a larger run)."""
+    p, burst = dist.get_world_size(), _burster()
+    groups = {p: None}
+    if p > 2 and p % 2 == 0:  # every rank creates every group, in the same order
+        pairs = [dist.new_group([2 * k, 2 * k + 1]) for k in range(p // 2)]
+        groups[2] = pairs[dist.get_rank() // 2]
+
+    def call(op: str, n: int, q: int) -> Callable[[], Any]:  # a burst, then the call
+        whole, part, g = torch.zeros(n // 4), torch.zeros(n // 4 // q), groups[q]
+        if op == "all_reduce":
+            return lambda: (burst(), dist.all_reduce(whole, group=g))
+        if op == "all_gather":
+            return lambda: (burst(), dist.all_gather_into_tensor(whole, part, group=g))
+        return lambda: (burst(), dist.reduce_scatter_tensor(part, whole, group=g))
+
+    keys = [(op, n, q) for op in WAKE_OPS for n in WAKE_SIZES for q in groups]
+    runs: dict[Any, Callable[[], Any]] = {"none": burst} | {k: call(*k) for k in keys}
+    per = _per_iteration(runs, iters, reps)
+    return {k: (per[k], per["none"]) for k in keys}
 
 
 def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = True) -> dict:
@@ -225,6 +263,7 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     torch.set_num_threads(1)  # one core per rank, as the course's ranks run
     iters = 8 if fast else 20
     out: dict = {"tiny": _tiny(iters), "between": _between(iters, 3 if fast else 5)}
+    out["sized"] = _sized(iters, 3 if fast else 5)
     pg = dist.group.WORLD
     out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
     if world_size == 2:
@@ -306,6 +345,9 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
     for op, (with_op, without) in r["between"].items():
         old = bp.between.get((op, p), ([], []))
         bp.between[(op, p)] = ([*old[0], *with_op], [*old[1], *without])
+    for (op, n, q), samples in r.get("sized", {}).items():
+        old = bp.sized.get((op, q, n, p), ([], []))
+        bp.sized[(op, q, n, p)] = tuple([*o, *s] for o, s in zip(old, samples, strict=True))
     bp.chunk_bytes[p] = r["chunk_bytes"]
     if "p2p" in r:
         bp.p2p = _pooled(bp.p2p, r["p2p"])

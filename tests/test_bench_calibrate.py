@@ -7,7 +7,7 @@ import time
 import pytest
 
 import labkit as lk
-from labkit.bench_calibrate import add_launch
+from labkit.bench_calibrate import WAKE_OPS, WAKE_SIZES, add_launch
 from labkit.costmodel.calibrate import Probes, machine_from_probes
 from labkit.costmodel.recipes import OPS
 
@@ -31,6 +31,12 @@ def test_fast_calibration_measures_every_term():
     assert shm.round_s[2] > 0 and shm.chunk_bytes[2] >= 64 << 10  # a slot per round
     # between bursts of compute; p2p_busy: the hop while every rank computes
     assert {op for op, _ in shm.sync_s} == {*OPS[:3], "p2p", "p2p_busy"}
+    # and at the sizes a step's calls have: on 2 ranks no pairs inside a larger world
+    assert set(shm.wake_s) == {(op, 2) for op in WAKE_OPS}
+    assert all(set(w) == {8, *WAKE_SIZES} for w in shm.wake_s.values())
+    for op in WAKE_OPS:  # priced there as measured, never below back to back
+        between = lk.costmodel.predict_collective(machine, "labkit_shm", op, 1 << 20, 2, True)
+        assert between >= lk.costmodel.predict_collective(machine, "labkit_shm", op, 1 << 20, 2)
     assert set(machine.copy_s_per_byte) == {1, 2} and set(machine.add_s_per_byte) == {1, 2}
     assert all(r > 0 for t in machine.copy_s_per_byte.values() for r in t.values())
     assert machine.compute_share_at(2) >= 1.0 and machine.compute_share_at(1) >= 1.0
@@ -76,3 +82,19 @@ def test_add_launch_pools_the_samples_of_several_launches():
     m = machine_from_probes(probes, "min")  # the fastest of both launches
     assert m.copy_rate(2, 1 << 20) == 2.0 / (1 << 20)
     assert m.backend("gloo").overhead("all_reduce", 2) == 1.0
+
+
+def test_add_launch_pools_the_sized_calls_by_group_and_world():
+    probes = Probes(cores=2)
+    for scale in (1.0, 10.0):
+        launch = one_launch(scale)
+        launch["sized"] = {
+            ("all_reduce", 1 << 17, 4): ([3 * scale], [scale]),
+            ("all_reduce", 1 << 17, 2): ([2 * scale], [scale]),
+        }
+        add_launch(probes, "gloo", 4, launch)
+    (bp,) = probes.backends
+    assert bp.sized == {
+        ("all_reduce", 4, 1 << 17, 4): ([3.0, 30.0], [1.0, 10.0]),
+        ("all_reduce", 2, 1 << 17, 4): ([2.0, 20.0], [1.0, 10.0]),  # pairs inside 4 ranks
+    }

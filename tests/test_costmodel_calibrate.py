@@ -99,3 +99,34 @@ def test_a_ping_pong_that_does_not_grow_still_gives_a_line():
     probes.backends[0].p2p = [(8, [2e-3]), (MB, [1e-3])]  # a busy moment at the small size
     b = machine_from_probes(probes).backend("gloo")
     assert b.alpha == 2e-3 and b.beta == pytest.approx(1e-3 / MB)
+
+
+def test_calls_between_compute_are_priced_as_measured_at_the_measured_sizes():
+    # a call between bursts of compute measured at 128 KB and 1 MB on 2 ranks, and on pairs
+    # inside 4 ranks: the model prices it there as measured, between them log-linearly
+    probes = make_probes()
+    gloo = probes.backends[0]
+    burst, between = 1e-3, {(2, 2, 128 * KB): 2e-3, (2, 2, MB): 3e-3, (2, 4, 128 * KB): 4e-3}
+    gloo.sized = {
+        ("all_reduce", q, n, p): ([burst + t], [burst]) for (q, p, n), t in between.items()
+    }
+    m = machine_from_probes(probes, "min")
+    b = m.backend("gloo")
+    for (q, p, n), t in between.items():
+        got = predict_collective(m, "gloo", "all_reduce", n, q, True, world=p)
+        assert got == pytest.approx(t, rel=1e-9)
+    # the smallest call keeps its own measurement (sync_s), the wake grows with the size
+    assert b.wake_s[("all_reduce", 2)][8] == pytest.approx(SYNC[("all_reduce", 2)] - 150e-6)
+    assert b.overhead("all_reduce", 2, True, 8) == pytest.approx(SYNC[("all_reduce", 2)])
+    mid = 362 * KB  # half way between 128 KB and 1 MB in log2
+    w = b.wake_s[("all_reduce", 2)]
+    assert b.overhead("all_reduce", 2, True, mid) == pytest.approx(
+        150e-6 + (w[128 * KB] + w[MB]) / 2, rel=1e-3
+    )
+    # back to back, nothing changes; a group of 2 inside an unmeasured world: the 2-rank price
+    assert b.overhead("all_reduce", 2, False, MB) == pytest.approx(150e-6)
+    alone = predict_collective(m, "gloo", "all_reduce", MB, 2, True)
+    assert predict_collective(m, "gloo", "all_reduce", MB, 2, True, world=8) == alone
+    # a call faster between bursts than the model's back-to-back price costs nothing extra
+    gloo.sized = {("all_reduce", 2, MB, 2): ([burst], [burst])}
+    assert machine_from_probes(probes, "min").backend("gloo").wake_s[("all_reduce", 2)][MB] == 0

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from labkit.costmodel.machine import BackendCosts, MachineModel
+from labkit.costmodel.machine import BackendCosts, MachineModel, predict_collective
 from labkit.parallel.dims import ParallelDims
 from labkit.parallel.pipeline import one_f_one_b
 from labkit.plan_pipeline import one_f_one_b_order, pipeline_time
-from labkit.plan_time import step_time
+from labkit.plan_time import _Pricer, step_time
 from labkit.plan_workload import LayerCost, Workload
 
 # Every collective costs its per-call overhead alone (no bytes are priced: β = 0, no copy
@@ -282,3 +283,24 @@ def test_plan_prices_every_grid_with_the_calibrated_step_time():
     # scalar (1 ms each), and Adam over all 57 parameters
     dp = next(p for p in feasible if (p.dp, p.zero_stage, p.microbatches) == (2, 0, 1))
     assert math.isclose(dp.step_s, _compute(40, 1) + 2e-3 + _adam(57))
+
+
+def test_a_groups_call_inside_a_larger_world_is_priced_as_measured_there():
+    # tp or dp pairs inside 4 ranks on 2 cores: scaled by the sharing unless measured so
+    n, key = 1 << 17, ("all_reduce", 2)
+    net = BackendCosts(
+        "gloo",
+        "gloo",
+        alpha=1e-4,
+        beta=0.0,
+        overhead_s={key: 1e-4},
+        wake_s={key: {8: 0.0, n: 1e-3}},
+    )
+    m = MachineModel(cores=2, compute_share={2: 1.0, 4: 3.0}, backends={"gloo": net})
+    alone = predict_collective(m, "gloo", "all_reduce", n, 2, True)
+    assert _Pricer(m, "gloo", 4)("all_reduce", n, 2) == pytest.approx(3.0 * alone)
+    pairs = dataclasses.replace(net, wake_s={**net.wake_s, (*key, 4): {n: 2e-3}})
+    m = dataclasses.replace(m, backends={"gloo": pairs})
+    back_to_back = predict_collective(m, "gloo", "all_reduce", n, 2)
+    assert _Pricer(m, "gloo", 4)("all_reduce", n, 2) == pytest.approx(back_to_back + 2e-3)
+    assert _Pricer(m, "gloo", 2)("all_reduce", n, 2) == pytest.approx(alone)  # its own world

@@ -14,6 +14,11 @@ the numbers they were made from:
 - overhead(op, p): the time of the op at its smallest size, called back to back;
 - sync_s(op, p): what the same call adds between short bursts of compute, as a training step
   makes it (the time per burst with the call, less the time per burst without it);
+- wake_s(op, p, n): what a call of n bytes between bursts costs (per burst with the call, less
+  per burst without it) beyond the model's price of the same call back to back, at a few
+  sizes, with sync_s − overhead as its smallest size's: between bursts, the model then prices
+  a call at a measured size as measured; wake_s(op, 2, n, world) the same for pairs calling at
+  once inside a larger world (tp or dp groups of 2 in a 2-D run);
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
@@ -29,11 +34,12 @@ collective) or ``"median"`` (a typical call: what a training step pays).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from labkit.costmodel.machine import BackendCosts, MachineModel
+from labkit.costmodel.machine import BackendCosts, MachineModel, predict_collective
 from labkit.costmodel.network import fit
 
 __all__ = ["STATS", "BackendProbes", "Probes", "machine_from_probes", "pick"]
@@ -69,6 +75,9 @@ class BackendProbes:
         between: ``(op, world_size) → (samples with the op, samples without)``: the time per
             burst of compute with the op at its smallest size after each burst, and without.
         chunk_bytes: per world size, the bytes one round carries (0: no rounds).
+        sized: ``(op, group size, n_bytes, world_size) → (samples with the op, samples
+            without)``: per burst of compute with a call of n bytes after it, and per burst
+            alone (a group smaller than the world: every group calls at once).
     """
 
     name: str
@@ -78,6 +87,7 @@ class BackendProbes:
     tiny: dict[tuple[str, int], Samples] = field(default_factory=dict)
     chunk_bytes: dict[int, int] = field(default_factory=dict)
     between: dict[tuple[str, int], tuple[Samples, Samples]] = field(default_factory=dict)
+    sized: dict[tuple[str, int, int, int], tuple[Samples, Samples]] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,6 +155,20 @@ def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
     )
 
 
+def _wake(machine: MachineModel, probe: BackendProbes, stat: str) -> dict:
+    """``wake_s`` of one backend: each sized call between bursts less the model's price of
+    the same call back to back (``machine`` has every other term already)."""
+    costs, wake = machine.backend(probe.name), {}
+    for (op, q, n, p), (with_op, without) in probe.sized.items():
+        back_to_back = predict_collective(machine, probe.name, op, n, q)
+        extra = pick(with_op, stat) - pick(without, stat) - back_to_back
+        wake.setdefault((op, q) if q == p else (op, q, p), {})[n] = max(0.0, extra)
+    for key, table in wake.items():  # the smallest call on the whole world: a float per rank
+        if key in costs.sync_s and key in costs.overhead_s:
+            table[4 * key[1]] = max(0.0, costs.sync_s[key] - costs.overhead_s[key])
+    return wake
+
+
 def machine_from_probes(probes: Probes, stat: str = "min", name: str = "") -> MachineModel:
     """The ``MachineModel`` the samples describe, each term by this module's docstring.
 
@@ -160,7 +184,7 @@ def machine_from_probes(probes: Probes, stat: str = "min", name: str = "") -> Ma
         ValueError: an unknown statistic, empty samples, or ping-pong times that do not grow
             with the size.
     """
-    return MachineModel(
+    machine = MachineModel(
         cores=probes.cores,
         copy_s_per_byte=_rates(probes.copy, stat),
         add_s_per_byte=_rates(probes.add, stat),
@@ -168,3 +192,8 @@ def machine_from_probes(probes: Probes, stat: str = "min", name: str = "") -> Ma
         backends={b.name: _backend(b, stat) for b in probes.backends},
         name=name,
     )
+    backends = {
+        b.name: dataclasses.replace(machine.backend(b.name), wake_s=_wake(machine, b, stat))
+        for b in probes.backends
+    }
+    return dataclasses.replace(machine, backends=backends)

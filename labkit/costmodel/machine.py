@@ -19,7 +19,10 @@ ring cuts a buffer into more segments than p); c(p, n) and a(p, n) the seconds p
 copy and of one ``a += b`` of n bytes while p ranks do the same at once (how ranks share the
 cores and the memory, measured: the ratio c(p, n)/c(2, n) slows the wire, whose β was
 measured with two ranks busy); and, between bursts of compute as a training step makes the
-calls (``between_compute=True``), each call's fixed cost measured that way (``sync_s``).
+calls (``between_compute=True``), each call's fixed cost measured that way (``sync_s``), and,
+where measured at a few sizes, what a call of n bytes costs there beyond this formula's price
+of the same call back to back (``wake_s``: a rank that blocks while its peers compute pays
+for being woken, in each step of the call that waits; how much depends on the size).
 ``MachineModel.from_network`` builds the same object from a preset network
 (and a device's FLOP/s) for what-if questions at cluster scale, where it reduces to the
 textbook α-β-γ formulas (``predict``) with no per-call overhead and no sharing.
@@ -63,6 +66,13 @@ class BackendCosts:
         sync_s: per ``(op, world_size)``, what one smallest call costs between bursts of
             compute, the way a training step makes it (``predict_collective(...,
             between_compute=True)`` uses it in place of ``overhead_s``).
+        wake_s: per ``(op, world_size)``, ``{n_bytes: seconds}``: what a call of n bytes
+            between bursts of compute costs beyond ``predict_collective``'s price of the same
+            call back to back, measured at a few sizes (the smallest: ``sync_s`` less
+            ``overhead_s``); between them piecewise linear in log n, constant beyond. Where
+            present it prices ``between_compute`` calls: ``overhead_s`` + ``wake_s`` at the
+            call's size. Keyed ``(op, group size, world_size)``: the same for a group smaller
+            than the world while every group calls at once (pairs inside 4 ranks).
     """
 
     name: str
@@ -74,6 +84,7 @@ class BackendCosts:
     round_s: Mapping[int, float] = field(default_factory=dict)
     chunk_bytes: Mapping[int, int] = field(default_factory=dict)
     sync_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    wake_s: Mapping[tuple, Mapping[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in (*KINDS, NETWORK_KIND):
@@ -94,9 +105,21 @@ class BackendCosts:
         """1/β in GB/s (infinite for β = 0)."""
         return 1 / self.beta / 1e9 if self.beta > 0 else math.inf
 
-    def overhead(self, op: str, world_size: int, between_compute: bool = False) -> float:
-        """The fixed cost of one call: measured (between bursts of compute if asked and
-        measured so), else the α of each step of its formula."""
+    def overhead(
+        self,
+        op: str,
+        world_size: int,
+        between_compute: bool = False,
+        n_bytes: float = 0.0,
+        world: int | None = None,
+    ) -> float:
+        """The fixed cost of one call of ``n_bytes`` on ``world_size`` ranks (a group of a
+        larger ``world``, if given): measured (between bursts of compute if asked and measured
+        so, at its size where ``wake_s`` has it), else the α of each step of its formula."""
+        key = (op, world_size) if world in (None, world_size) else (op, world_size, world)
+        wake = (self.wake_s.get(key) or self.wake_s.get(key[:2])) if between_compute else None
+        if wake:
+            return self.overhead(op, world_size) + _interp(wake, max(n_bytes, 1.0))
         got = self.sync_s.get((op, world_size)) if between_compute else None
         got = got if got is not None else self.overhead_s.get((op, world_size))
         if got is not None:
@@ -227,6 +250,7 @@ def collective_terms(
     n_bytes: float,
     world_size: int,
     between_compute: bool = False,
+    world: int | None = None,
 ) -> dict[str, float]:
     """Each term of ``predict_collective``'s time, in seconds.
 
@@ -241,7 +265,9 @@ def collective_terms(
             reduce_scatter: each rank's input).
         world_size: ranks p.
         between_compute: the call comes between bursts of compute, as in a training step
-            (its fixed cost is then ``sync_s`` where measured).
+            (its fixed cost is then ``sync_s``, or ``wake_s`` at its size, where measured).
+        world: the ranks busy meanwhile, when the call is a group's inside a larger world
+            (``wake_s`` measured so, where it was).
 
     Returns:
         ``{"overhead", "rounds", "wire", "copy", "reduce"}`` (zeros on one rank); for a
@@ -266,7 +292,7 @@ def collective_terms(
     # β was measured with 2 ranks busy: the wire slows down as copies do beyond that
     wire_share = machine.share(p, n, base=2)
     return {
-        "overhead": b.overhead(op, p, between_compute),
+        "overhead": b.overhead(op, p, between_compute, n, world),
         "rounds": extra * b.round_s.get(p, 0.0) + wire_share * r.messages * b.alpha,
         "wire": wire_share * r.wire * n * b.beta * (b.duplex if r.exchange else 1.0),
         "copy": r.copy * n * machine.copy_rate(p, n),
@@ -281,6 +307,7 @@ def predict_collective(
     n_bytes: float,
     world_size: int,
     between_compute: bool = False,
+    world: int | None = None,
 ) -> float:
     """Predicted seconds of one ``op`` of ``n_bytes`` on ``world_size`` ranks of ``backend``.
 
@@ -292,7 +319,7 @@ def predict_collective(
         op: as ``collective_terms``.
         n_bytes: as ``collective_terms``.
         world_size: ranks p.
-        between_compute: as ``collective_terms``.
+        between_compute, world: as ``collective_terms``.
 
     Returns:
         Seconds (0 on one rank).
@@ -300,5 +327,5 @@ def predict_collective(
     Raises:
         KeyError, ValueError: as ``collective_terms``.
     """
-    terms = collective_terms(machine, backend, op, n_bytes, world_size, between_compute)
+    terms = collective_terms(machine, backend, op, n_bytes, world_size, between_compute, world)
     return math.fsum(terms.values())
