@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from labkit.bench_between import between, makespan, sized
 from labkit.bench_collectives import collective
 from labkit.bench_p2p import p2p_pingpong
 from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes
@@ -35,9 +36,6 @@ __all__ = ["TINY_OPS", "add_launch", "calibrate", "measure_probes", "probe_rank"
 TINY_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
 MACHINE_BACKEND = "gloo"  # its waits block in the kernel: a waiting rank leaves its core free
 COPY_SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes: in cache up to memory
-BURST = 40  # 64 x 64 matrix products between two calls of ``_between``: about 0.3 ms
-WAKE_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what a training step calls
-WAKE_SIZES = (1 << 17, 1 << 20)  # bytes: a layer's activations, a unit's parameters
 
 
 def _cores() -> int:
@@ -112,15 +110,6 @@ def _bufs(kind: str, n_bytes: int) -> tuple[Any, torch.Tensor]:
     return torch.ones(n_bytes // 4), torch.ones(n_bytes // 4)
 
 
-def _makespan(starts: list[float], ends: list[float]) -> list[float]:
-    """Per sample, from the first rank's start to the last rank's end (``perf_counter`` is
-    the system-wide monotonic clock on Linux, so the ranks' readings compare)."""
-    t = torch.tensor([*[-s for s in starts], *ends], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    k = len(starts)
-    return [float(t[k + i] + t[i]) for i in range(k)]
-
-
 def _alone_then_together(
     kind: str, n_bytes: int, units: int, reps: int
 ) -> tuple[list[float], list[float]]:
@@ -137,7 +126,7 @@ def _alone_then_together(
         starts.append(time.perf_counter())
         _work(kind, bufs, units)
         ends.append(time.perf_counter())
-    return alone, _makespan(starts, ends)
+    return alone, makespan(starts, ends)
 
 
 def _machine(fast: bool) -> dict:
@@ -154,100 +143,6 @@ def _machine(fast: bool) -> dict:
     return out
 
 
-def _per_iteration(calls: dict, iters: int, reps: int) -> dict[Any, list[float]]:
-    """Per call, ``reps`` samples of ``iters`` calls in a row, the calls interleaved rep by
-    rep (the load drifts): per iteration, from the first rank's start to the last one's end."""
-    starts: dict[Any, list[float]] = {k: [] for k in calls}
-    ends: dict[Any, list[float]] = {k: [] for k in calls}
-    for _ in range(reps):
-        for name, call in calls.items():
-            dist.barrier()
-            starts[name].append(time.perf_counter())
-            for _ in range(iters):
-                call()
-            ends[name].append(time.perf_counter())
-    return {k: [t / iters for t in _makespan(starts[k], ends[k])] for k in calls}
-
-
-def _burster() -> Callable[[], None]:  # a short burst of compute: BURST small products
-    a, b = torch.randn(64, 64), torch.empty(64, 64)
-
-    def burst() -> None:
-        for _ in range(BURST):
-            torch.mm(a, a, out=b)
-
-    return burst
-
-
-def _between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]]:
-    """Each op at its smallest size between short bursts of compute, as a training step calls
-    it (a ZeRO-3 unit's gather, a tensor-parallel layer's all-reduce): per burst, with the op
-    and without it, from the first rank's start to the last rank's end. ``"p2p"``: pairs pass
-    a message back and forth, each burst of compute between a receive and a send, as pipeline
-    stages do; half an iteration is one burst and one hop. ``"p2p_busy"``: every rank computes
-    a burst, then sends to the next rank and receives from the one before (a pipeline's
-    steady state, every stage busy): one burst and one hop per iteration, the hop's receiver
-    waiting for a core when ranks outnumber cores."""
-    rank, p, burst = dist.get_rank(), dist.get_world_size(), _burster()
-    x, whole, part = torch.ones(p), torch.empty(p), torch.ones(1)
-
-    def hop() -> None:  # even ranks compute and send first, odd ranks answer
-        peer = rank ^ 1
-        if rank % 2 == 0:
-            burst()
-            dist.send(part, peer)
-            dist.recv(part, peer)
-        else:
-            dist.recv(part, peer)
-            burst()
-            dist.send(part, peer)
-
-    def busy_hop() -> None:
-        sent = dist.isend(part, (rank + 1) % p)
-        dist.recv(got, (rank - 1) % p)
-        sent.wait()
-
-    got = torch.empty(1)
-    calls = {
-        "none": burst,
-        "all_reduce": lambda: (burst(), dist.all_reduce(x)),
-        "all_gather": lambda: (burst(), dist.all_gather_into_tensor(whole, part)),
-        "reduce_scatter": lambda: (burst(), dist.reduce_scatter_tensor(part, whole)),
-    }
-    if p % 2 == 0:
-        calls["p2p"] = hop
-    calls["p2p_busy"] = lambda: (burst(), busy_hop())
-    per_burst = _per_iteration(calls, iters, reps)
-    if "p2p" in per_burst:  # two bursts and two hops per iteration
-        per_burst["p2p"] = [t / 2 for t in per_burst["p2p"]]
-    none = per_burst.pop("none")
-    return {k: (with_op, none) for k, with_op in per_burst.items()}
-
-
-def _sized(iters: int, reps: int) -> dict[tuple[str, int, int], tuple[list, list]]:
-    """``WAKE_OPS`` at ``WAKE_SIZES`` between short bursts of compute, and the bursts alone,
-    by ``(op, bytes, group size)``: on the world and, on an even world above 2, on pairs
-    calling at once (tp or dp groups of 2 inside a larger run)."""
-    p, burst = dist.get_world_size(), _burster()
-    groups = {p: None}
-    if p > 2 and p % 2 == 0:  # every rank creates every group, in the same order
-        pairs = [dist.new_group([2 * k, 2 * k + 1]) for k in range(p // 2)]
-        groups[2] = pairs[dist.get_rank() // 2]
-
-    def call(op: str, n: int, q: int) -> Callable[[], Any]:  # a burst, then the call
-        whole, part, g = torch.zeros(n // 4), torch.zeros(n // 4 // q), groups[q]
-        if op == "all_reduce":
-            return lambda: (burst(), dist.all_reduce(whole, group=g))
-        if op == "all_gather":
-            return lambda: (burst(), dist.all_gather_into_tensor(whole, part, group=g))
-        return lambda: (burst(), dist.reduce_scatter_tensor(part, whole, group=g))
-
-    keys = [(op, n, q) for op in WAKE_OPS for n in WAKE_SIZES for q in groups]
-    runs: dict[Any, Callable[[], Any]] = {"none": burst} | {k: call(*k) for k in keys}
-    per = _per_iteration(runs, iters, reps)
-    return {k: (per[k], per["none"]) for k in keys}
-
-
 def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = True) -> dict:
     """Every microbenchmark of one launch, on this rank (call it on every rank).
 
@@ -262,8 +157,9 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     """
     torch.set_num_threads(1)  # one core per rank, as the course's ranks run
     iters = 8 if fast else 20
-    out: dict = {"tiny": _tiny(iters), "between": _between(iters, 3 if fast else 5)}
-    out["sized"] = _sized(iters, 3 if fast else 5)
+    reps = 5 if fast else 9  # calls between bursts vary the most: a median of more samples
+    out: dict = {"tiny": _tiny(iters), "between": between(iters, reps)}
+    out["sized"] = sized(iters, reps)
     pg = dist.group.WORLD
     out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
     if world_size == 2:

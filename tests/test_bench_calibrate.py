@@ -7,7 +7,8 @@ import time
 import pytest
 
 import labkit as lk
-from labkit.bench_calibrate import WAKE_OPS, WAKE_SIZES, add_launch
+from labkit.bench_between import HOPS, WAKE_OPS, WAKE_SIZES
+from labkit.bench_calibrate import add_launch
 from labkit.costmodel.calibrate import Probes, machine_from_probes
 from labkit.costmodel.recipes import OPS
 
@@ -32,8 +33,9 @@ def test_fast_calibration_measures_every_term():
     # between bursts of compute; p2p_busy: the hop while every rank computes
     assert {op for op, _ in shm.sync_s} == {*OPS[:3], "p2p", "p2p_busy"}
     # and at the sizes a step's calls have: on 2 ranks no pairs inside a larger world
-    assert set(shm.wake_s) == {(op, 2) for op in WAKE_OPS}
-    assert all(set(w) == {8, *WAKE_SIZES} for w in shm.wake_s.values())
+    assert set(shm.wake_s) == {(op, 2) for op in (*WAKE_OPS, *HOPS)}
+    assert all(set(shm.wake_s[(op, 2)]) == {8, *WAKE_SIZES} for op in WAKE_OPS)
+    assert all(set(shm.wake_s[(op, 2)]) == {4, *WAKE_SIZES} for op in HOPS)  # one float
     for op in WAKE_OPS:  # priced there as measured, never below back to back
         between = lk.costmodel.predict_collective(machine, "labkit_shm", op, 1 << 20, 2, True)
         assert between >= lk.costmodel.predict_collective(machine, "labkit_shm", op, 1 << 20, 2)

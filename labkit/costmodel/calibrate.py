@@ -39,8 +39,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from labkit.costmodel.machine import BackendCosts, MachineModel, predict_collective
+from labkit.costmodel.machine import P2P_BUSY, BackendCosts, MachineModel, predict_collective
 from labkit.costmodel.network import fit
+
+HOPS = ("p2p", P2P_BUSY)  # a pipeline's hop: its smallest message is one float
 
 __all__ = ["STATS", "BackendProbes", "Probes", "machine_from_probes", "pick"]
 
@@ -164,8 +166,9 @@ def _wake(machine: MachineModel, probe: BackendProbes, stat: str) -> dict:
         extra = pick(with_op, stat) - pick(without, stat) - back_to_back
         wake.setdefault((op, q) if q == p else (op, q, p), {})[n] = max(0.0, extra)
     for key, table in wake.items():  # the smallest call on the whole world: a float per rank
-        if key in costs.sync_s and key in costs.overhead_s:
-            table[4 * key[1]] = max(0.0, costs.sync_s[key] - costs.overhead_s[key])
+        if key in costs.sync_s:
+            tiny = 4 if key[0] in HOPS else 4 * key[1]
+            table[tiny] = max(0.0, costs.sync_s[key] - costs.overhead(*key))
     return wake
 
 

@@ -280,7 +280,7 @@ def collective_terms(
         raise ValueError(f"n_bytes must be >= 0, got {n_bytes!r}")
     b, p, n = machine.backend(backend), world_size, float(n_bytes)
     if op in ("p2p", P2P_BUSY):  # one message; world_size: how many ranks are busy meanwhile
-        return {"overhead": b.overhead(op, max(p, 2), between_compute), "wire": n * b.beta}
+        return {"overhead": b.overhead(op, max(p, 2), between_compute, n), "wire": n * b.beta}
     if p <= 1:
         return dict.fromkeys(("overhead", "rounds", "wire", "copy", "reduce"), 0.0)
     if b.kind == NETWORK_KIND:
