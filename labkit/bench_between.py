@@ -60,12 +60,12 @@ def _per_iteration(calls: dict, iters: int, reps: int) -> dict[Any, list[float]]
     return {k: [t / iters for t in makespan(starts[k], ends[k])] for k in calls}
 
 
-def _burster() -> Callable[[], None]:
-    """A short burst of compute: ``BURST`` small matrix products."""
+def _burster(units: int = BURST) -> Callable[[], None]:
+    """A short burst of compute: ``units`` small matrix products."""
     a, b = torch.randn(64, 64), torch.empty(64, 64)
 
     def burst() -> None:
-        for _ in range(BURST):
+        for _ in range(units):
             torch.mm(a, a, out=b)
 
     return burst
