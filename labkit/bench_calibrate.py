@@ -7,7 +7,9 @@ One launch per backend and world size measures, in a few seconds (``fast``), wha
 duplex), every collective at its smallest size and a barrier (the per-call overhead, the cost
 of a round), and, in the gloo launches, the machine itself: a one-core memcpy and a reduction
 pass (c, γ), and a fixed amount of memory-bound work and of a small transformer block's forward
-and backward done by one rank alone and then by all ranks at once (how ranks share the cores)::
+and backward done by one rank alone and then by all ranks at once (how ranks share the cores);
+and each collective and a pipeline's hop between short bursts of compute, at its smallest size
+and at the sizes a training step's calls have (``labkit.bench_between``)::
 
     machine, probes = lk.bench.calibrate(["gloo", "labkit_shm"], world_sizes=(2, 4), fast=True)
     lk.costmodel.predict_collective(machine, "gloo", "all_reduce", 1 << 20, 4)
@@ -39,12 +41,15 @@ COPY_SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)  # bytes: in cache up
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _slowest(samples: list[float]) -> list[float]:
     """Per sample, the slowest rank's value (one MAX all-reduce)."""
-    dist.all_reduce(t := torch.tensor(samples, dtype=torch.float64), op=dist.ReduceOp.MAX)
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
 
@@ -87,7 +92,7 @@ def _exchange(n_bytes: int, iters: int) -> tuple[list[float], list[float]]:
     return _slowest(both[1:]), _slowest(one[1:])
 
 
-def _work(kind: str, bufs: tuple[torch.Tensor, torch.Tensor], units: int) -> float:
+def _work(kind: str, bufs: tuple[Any, torch.Tensor], units: int) -> float:
     """Seconds of ``units`` copies of a buffer, reduction passes, or forward and backward
     passes of a small transformer block."""
     a, b = bufs
