@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from labkit.bench_between import WAKE_OPS, WAKE_SIZES
 from labkit.bench_calibrate import add_launch, calibrate, measure_probes, probe_rank
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_compute import PeakFlops, peak_flops
@@ -36,6 +37,8 @@ __all__ = [
     "COLLECTIVES",
     "AlphaBeta",
     "BenchResult",
+    "WAKE_OPS",
+    "WAKE_SIZES",
     "PeakFlops",
     "add_launch",
     "alpha_beta_fit",
