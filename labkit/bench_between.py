@@ -28,11 +28,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from labkit.costmodel.calibrate import HOPS  # a pipeline's hop: between a pair, every rank busy
+from labkit.costmodel.machine import P2P_BUSY
+
 __all__ = ["BURST", "HOPS", "WAKE_OPS", "WAKE_SIZES", "between", "makespan", "sized"]
 
 BURST = 40  # 64 x 64 matrix products between two calls: about 0.3 ms
 WAKE_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what a training step calls
-HOPS = ("p2p", "p2p_busy")  # a pipeline's hop: between a pair, and while every rank computes
 WAKE_SIZES = (1 << 15, 1 << 17, 1 << 20)  # bytes: activations of a small and a large layer, a unit
 
 
@@ -125,7 +127,7 @@ def between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]]
     }
     if p % 2 == 0:
         calls["p2p"] = _hop(burst, torch.ones(1))
-    calls["p2p_busy"] = _busy_hop(burst, torch.ones(1))
+    calls[P2P_BUSY] = _busy_hop(burst, torch.ones(1))
     return _with_bursts(_per_iteration(calls, iters, reps), [k for k in calls if k != "none"])
 
 
@@ -143,7 +145,7 @@ def sized(iters: int, reps: int) -> dict[tuple[str, int, int], tuple[list, list]
         whole, part, g = torch.zeros(n // 4), torch.zeros(n // 4 // q), groups[q]
         if op == "p2p":
             return _hop(burst, whole)
-        if op == "p2p_busy":
+        if op == P2P_BUSY:
             return _busy_hop(burst, whole)
         if op == "all_reduce":
             return lambda: (burst(), dist.all_reduce(whole, group=g))

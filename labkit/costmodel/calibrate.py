@@ -44,7 +44,7 @@ from labkit.costmodel.network import fit
 
 HOPS = ("p2p", P2P_BUSY)  # a pipeline's hop: its smallest message is one float
 
-__all__ = ["STATS", "BackendProbes", "Probes", "machine_from_probes", "pick"]
+__all__ = ["HOPS", "STATS", "BackendProbes", "Probes", "machine_from_probes", "pick"]
 
 STATS = ("min", "median")
 Samples = Sequence[float]
