@@ -12,7 +12,8 @@ free and its input has arrived (the forward of the stage before, or the backward
 stage after, plus one hop). With equal stages and free hops it gives (m + p − 1)(F + B),
 the formula's step. A hop may cost more while the other ranks compute (``hop_s`` as a
 function of how many do): with more ranks than cores, a receiver that waits for its message
-must also wait for a core.
+must also wait for a core. And receiving a message is work on the same cores as the
+stages' compute (``receiving_computes``): a hop slows the stages that compute meanwhile.
 
 Pure arithmetic, no torch.
 """
@@ -65,6 +66,7 @@ def pipeline_time(
     hop_s: float | Callable[[int], float] = 0.0,
     share: Callable[[int], float] | None = None,
     copies: int = 1,
+    receiving_computes: bool = False,
 ) -> PipelineTime:
     """Play 1F1B over stages with the given per-micro-batch times.
 
@@ -84,6 +86,9 @@ def pipeline_time(
             ``copies``) to that time.
         share: k ranks computing at once → how much slower each runs (None: no sharing).
         copies: identical pipelines running at the same time (their ranks share too).
+        receiving_computes: with ``share``, a stage whose input is on its way counts among
+            the ranks computing: receiving a message (the socket's reads, the wake-up) takes
+            the same cores, so a hop does not free them for the other stages.
 
     Returns:
         A ``PipelineTime`` (``busy_s``: the work each stage did, at its own speed).
@@ -111,6 +116,11 @@ def pipeline_time(
             return None
         return end[dep] + (hops[dep] if dep[1] != s else 0.0)
 
+    def waiting(running: dict) -> list[float]:
+        """When the input of each stage that waits arrives, where its sender has finished."""
+        return [a for s in range(p) if s not in running and nxt[s] < len(orders[s])
+                if (a := arrival(s)) is not None]  # fmt: skip
+
     while True:
         for s in range(p):  # start what can start now
             if s not in running and nxt[s] < len(orders[s]):
@@ -129,10 +139,10 @@ def pipeline_time(
                 raise RuntimeError("pipeline schedule deadlocked")
             now = max(now, min(pending))
             continue
-        rate = 1.0 / slow(len(running) * copies)
+        receiving = sum(1 for a in waiting(running) if a > now) if receiving_computes else 0
+        rate = 1.0 / slow((len(running) + receiving) * copies)
         step = min(left for _, left in running.values()) / rate
-        soon = [a for s in range(p) if s not in running and nxt[s] < len(orders[s])
-                if (a := arrival(s)) is not None and a > now]  # fmt: skip
+        soon = [a for a in waiting(running) if a > now]
         dt = min([step, *[a - now for a in soon]])
         now += dt
         done = []

@@ -20,8 +20,10 @@ FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what th
   overlapped with the rest of backward only where a spare core can carry it;
 - **pp**: 1F1B played through (``labkit.plan_pipeline``) with each stage's own times, one
   point-to-point message of N·h elements per hop — priced as measured while every rank
-  computes when the other stages' ranks take every core, else as between pairs — and the
-  cores shared only by the stages that compute at the same moment: the bubble comes out of it;
+  computes when the world has more ranks than cores (the sender computes on, the other
+  stages take the rest) or the other stages' ranks take every core, else as between pairs —
+  and the cores shared by the stages that compute or receive at the same moment: the bubble
+  comes out of it;
 - **clip**: one all-reduce of a scalar over every rank (``compose.clip_grad_norm_``);
 - **optimizer**: Adam per local tensor and element (ZeRO and FSDP2 update 1/dp of them);
 - **overhead**: the rest of a step's Python, calibrated on one process;
@@ -175,7 +177,11 @@ def step_time(
         def hop_s(computing: int) -> float:  # every core taken: the receiver waits for one
             return busy_hop if computing >= machine.cores else hop
 
-        pipe = pipeline_time(fwd, bwd, m, hop_s, machine.compute_share_at, copies=dp * tp)
+        # more ranks than cores: the sender computes on, the others hold the rest of the cores
+        hops = busy_hop if dims.world_size > machine.cores else hop_s
+        pipe = pipeline_time(
+            fwd, bwd, m, hops, machine.compute_share_at, copies=dp * tp, receiving_computes=True
+        )
         compute = max(pipe.busy_s) * share  # the busiest stage's work, as shared as it gets
         compute = min(compute, pipe.step_s)
         bubble = pipe.step_s - compute

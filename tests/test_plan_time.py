@@ -120,6 +120,47 @@ def test_pipeline_stages_share_one_core_only_while_both_compute():
     )
 
 
+def test_a_stage_receiving_a_message_shares_the_core_by_hand():
+    # one core, F = B = 1, hops of 0.5, m = 2. Stage 0 runs F1 alone while stage 1 waits
+    # for F0's message, [1, 1.5]: ... hop-free sharing gives 8.5 (traced: s0 F1 ends 2.5, s1
+    # B0 [3, 4], s0 B0 [4.5, 6.5] beside s1's F1 and B1, s0 B1 [7.5, 8.5]). Counting the
+    # receiver: s0 F1 at half speed while s1 receives, ends 3.0; s1 F0 ends 3.25, B0 [3.25,
+    # 4.25]; s1 F1 at half speed while s0 receives [4.25, 4.75]; s0 B0 ends 6.75, s1 B1 7.5;
+    # s0 B1 [8, 9]
+    one_core = lambda k: float(k)  # noqa: E731
+    f = b = [1.0, 1.0]
+    assert pipeline_time(f, b, 2, 0.5, one_core).step_s == 8.5
+    assert pipeline_time(f, b, 2, 0.5, one_core, receiving_computes=True).step_s == 9.0
+    # free hops: nobody is ever receiving, the 8 units of work on one core as before
+    assert pipeline_time(f, b, 2, 0.0, one_core, receiving_computes=True).step_s == 8.0
+    # without sharing a receiver costs nobody anything
+    assert (
+        pipeline_time(f, b, 2, 0.5, receiving_computes=True).step_s
+        == pipeline_time(f, b, 2, 0.5).step_s
+    )
+
+
+def test_more_ranks_than_cores_price_every_hop_as_measured_while_all_compute():
+    costs = {**OVERHEAD, ("p2p", 4): 1e-4, ("p2p_busy", 4): 2e-3}
+    net = BackendCosts("gloo", "labkit_shm", alpha=5e-4, beta=0.0, sync_s=costs)
+    work = Workload((EMBED, BLOCK, BLOCK, BLOCK, BLOCK, HEAD), batch=8, seq_len=10)
+    stages = work.stages(4)
+    f = [sum(work.layers[i].time_s(20)[0] for i in st) for st in stages]  # b = 8/4: 20 tokens
+    b = [sum(work.layers[i].time_s(20)[1] for i in st) for st in stages]
+    msg = 20 * work.layers[stages[0][-1]].width * 4
+    for cores, share in ((2, {2: 1.2, 4: 2.5}), (4, {2: 1.0, 4: 1.0})):
+        machine = MachineModel(cores=cores, compute_share=share, backends={"gloo": net})
+        t = step_time(work, machine, "gloo", ParallelDims(1, 4, 1), microbatches=4)
+        busy = predict_collective(machine, "gloo", "p2p_busy", msg, 4, True)
+        every_hop_busy = pipeline_time(
+            f, b, 4, busy, machine.compute_share_at, receiving_computes=True
+        ).step_s
+        if cores == 2:  # 4 ranks on 2 cores: the sender computes on, the others take the rest
+            assert math.isclose(t.compute_s + t.bubble_s, every_hop_busy)
+        else:  # a core per rank: a hop is busy only while every core computes
+            assert t.compute_s + t.bubble_s < every_hop_busy
+
+
 def test_workload_layout():
     assert WORK.numel == 14 + 2 * 20 + 3 and WORK.n_blocks == 2
     assert WORK.stages(1) == [[0, 1, 2, 3]] and WORK.stages(2) == [[0, 1], [2, 3]]
