@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="turns each backend takes")
     parser.add_argument("--out", help="append the markdown section to this file")
     args = parser.parse_args()
+    lk.launcher.settle()  # the zygote's warm-up imports, before anything is timed
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
     load = [os.getloadavg()[0]]
     copy = {n: memcpy_gbps(n) for n in (BIG, 4 * BIG)}

@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--bytes", type=int, default=32 << 10)
     parser.add_argument("--backend", default="gloo")
     args = parser.parse_args()
+    lk.launcher.settle()  # the zygote's warm-up imports, before anything is timed
     got = lk.launch(rank_fn, args.world_size, backend=args.backend, args=(args.bytes,))[0]
     print(f"{args.world_size} ranks ({args.backend}), hops of {args.bytes} bytes:")
     for units, (hop, none) in got.items():

@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--out", help="append the markdown section to this file")
     parser.add_argument("--verbose", action="store_true", help="print every size's ratio")
     args = parser.parse_args()
+    lk.launcher.settle()  # the zygote's warm-up imports, before anything is timed
     load = [os.getloadavg()[0]]
     rounds = [one_round(args.iters, args.fast) for _ in range(args.rounds)]
     load.append(os.getloadavg()[0])

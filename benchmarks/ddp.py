@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument("--skip-simnet", action="store_true", help="no 10 GbE simulation")
     parser.add_argument("--out", help="append the markdown section to this file")
     args = parser.parse_args()
+    lk.launcher.settle()  # the zygote's warm-up imports, before anything is timed
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
     model = lk.models.mlp_with_parameters(args.params, args.layers)
     n_params = lk.models.count_parameters(model)

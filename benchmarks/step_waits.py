@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--backend", default="gloo")
     args = parser.parse_args()
+    lk.launcher.settle()  # the zygote's warm-up imports, before anything is timed
     ranks = lk.launch(
         rank_fn, args.world_size, backend=args.backend, args=(args.strategy, args.steps)
     )

@@ -31,7 +31,7 @@ from labkit.bench_p2p import p2p_pingpong
 from labkit.bench_results import GB, BenchResult, check_sizes
 from labkit.bench_workload import capstone_workload, workload_from_model
 from labkit.costmodel.network import least_squares_alpha_beta
-from labkit.launcher import launch
+from labkit.launcher import launch, settle
 
 __all__ = [
     "COLLECTIVES",
@@ -216,6 +216,7 @@ def launch_collective(
         raise ValueError(f"unknown collective {name!r}; known: p2p, {', '.join(COLLECTIVES)}")
     sizes = check_sizes(collective_sizes() if sizes_bytes is None else sizes_bytes)
     args = (name, sizes, iters, warmup)
+    settle()  # the zygote's warm-up imports, before anything is timed beside them
     out = launch(
         _run_on_rank, world_size, backend=backend, args=args, device=device, timeout=timeout
     )

@@ -31,7 +31,7 @@ from labkit.bench_p2p import p2p_pingpong
 from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes
 from labkit.costmodel.machine import MachineModel
 from labkit.costmodel.recipes import KINDS
-from labkit.launcher import launch
+from labkit.launcher import launch, settle
 
 __all__ = ["TINY_OPS", "add_launch", "calibrate", "measure_probes", "probe_rank"]
 
@@ -216,6 +216,7 @@ def measure_probes(
     sizes = sorted({2, *world_sizes})
     order = [MACHINE_BACKEND, *[b for b in backends if b != MACHINE_BACKEND]]
     probes = Probes(cores=_cores())
+    settle()  # the zygote's warm-up imports, before anything is timed beside them
     for b in order:
         for p in sizes:
             args = (b == MACHINE_BACKEND, fast, then if b in backends else None)

@@ -410,3 +410,22 @@ def test_no_rank_starts_before_every_rank_finished_init():
 
     for _ in range(3):
         assert lk.launch(count_in, 4, backend="gloo", device="cpu") == [4] * 4
+
+
+def _warm_modules(rank, world_size):
+    import sys
+
+    from labkit.launcher._zygote import WARM_IMPORTS
+
+    return [name in sys.modules for name in WARM_IMPORTS]
+
+
+def test_settle_finishes_the_zygotes_warm_up_before_the_ranks_start():
+    # a fresh zygote imports these while idle, also beside the first launch's ranks; settle
+    # has it finish first, so ranks that time their calls have the cores (and the modules)
+    lk.shutdown()
+    lk.launcher.settle()
+    zygote = lk.launcher.current_zygote_pid()
+    assert lk.launch(_warm_modules, 2) == [[True, True, True]] * 2  # inherited, not imported
+    lk.launcher.settle()  # nothing left to import: answers at once, the same zygote
+    assert lk.launcher.current_zygote_pid() == zygote

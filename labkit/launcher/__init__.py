@@ -25,7 +25,7 @@ from labkit.launcher._checks import (
 )
 from labkit.launcher._context import backend_for, device_backend, get_device, rank_context
 from labkit.launcher._payload import pickle_call
-from labkit.launcher._pool import current_zygote_pid, get_zygote, pool_lock, shutdown
+from labkit.launcher._pool import current_zygote_pid, get_zygote, pool_lock, settle, shutdown
 from labkit.launcher.errors import LaunchTimeout, RankError, RankFailure
 from labkit.launcher.sections import cpu_lab, gpu_count, section_gpus
 from labkit.launcher.stretch import stretch
@@ -47,6 +47,7 @@ __all__ = [
     "launch",
     "rank_context",
     "section_gpus",
+    "settle",
     "shutdown",
     "stretch",
 ]

@@ -9,8 +9,10 @@ re-importing torch for seconds.
 Protocol (frames from ``_wire``), launcher -> zygote:
   {"op": "launch", "id", "n"} followed by n frames {"op": "rank", "rank"} carrying 4 fds each
   (control socket, stdout pipe, stderr pipe, stack-dump pipe);
-  {"op": "signal", "pids", "sig"}; {"op": "shutdown"}.
-zygote -> launcher: {"op": "ready"}, {"op": "started", "id", "pids"}, {"op": "exit", "pid", "code"}.
+  {"op": "signal", "pids", "sig"}; {"op": "settle"} (finish the warm-up imports now);
+  {"op": "shutdown"}.
+zygote -> launcher: {"op": "ready"}, {"op": "started", "id", "pids"}, {"op": "exit", "pid", "code"},
+  {"op": "settled"}.
 The zygote reaps every rank and reports its exit code (negative: killed by that signal).
 """
 
@@ -100,7 +102,9 @@ def _send(sock: socket.socket, msg: dict) -> None:
 
 # Imported while the zygote is idle, after it reported ready, so a rank that needs them does not
 # pay ~1.2 s each, every launch: DDP's first use imports torch._dynamo, and cloudpickle makes a
-# rank import torch.distributed.tensor whenever the function's code names ``tensor``.
+# rank import torch.distributed.tensor whenever the function's code names ``tensor``. Each import
+# is a core for a second: ranks that time their calls meanwhile (a calibration, a benchmark) share
+# the cores with it, so those ask for them first ("settle", ``lk.launcher.settle``).
 WARM_IMPORTS = ("torch.distributed.tensor", "torch._dynamo", "torch.nn.parallel")
 WARM_IDLE_S = 0.5
 
@@ -197,6 +201,10 @@ def serve(sock: socket.socket) -> None:
             _send(sock, {"op": "started", "id": msg["id"], "pids": pids})
         elif op == "signal":
             kill(msg["pids"], msg["sig"])
+        elif op == "settle":
+            while warm:
+                _warm_import(warm.pop(0))
+            _send(sock, {"op": "settled"})
         elif op == "shutdown":
             kill(list(live), signal.SIGKILL)
             while live:
