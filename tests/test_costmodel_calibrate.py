@@ -130,3 +130,30 @@ def test_calls_between_compute_are_priced_as_measured_at_the_measured_sizes():
     # a call faster between bursts than the model's back-to-back price costs nothing extra
     gloo.sized = {("all_reduce", 2, MB, 2): ([burst], [burst])}
     assert machine_from_probes(probes, "min").backend("gloo").wake_s[("all_reduce", 2)][MB] == 0
+
+
+def test_the_wake_of_calls_between_bursts_is_the_line_through_the_sizes_measured():
+    # extras beyond back to back of 1, 3 and 2 ms at 1, 2 and 3 MB (reduce_scatter on pairs
+    # inside 4 ranks): least squares, 0.5 ms per MB through (2 MB, 2 ms): 1.5, 2.0, 2.5 ms
+    probes = make_probes()
+    gloo, burst = probes.backends[0], 1e-3
+    model = machine_from_probes(probes, "min")
+
+    def wake(extras: dict[int, float]) -> dict[int, float]:
+        gloo.sized = {
+            ("reduce_scatter", 2, n, 4): (
+                [burst + t + predict_collective(model, "gloo", "reduce_scatter", n, 2)],
+                [burst],
+            )
+            for n, t in extras.items()
+        }
+        return machine_from_probes(probes, "min").backend("gloo").wake_s[("reduce_scatter", 2, 4)]
+
+    got = wake({MB: 1e-3, 2 * MB: 3e-3, 3 * MB: 2e-3})
+    assert [got[n] for n in (MB, 2 * MB, 3 * MB)] == pytest.approx([1.5e-3, 2e-3, 2.5e-3])
+    # falling with the size: no part per byte, their mean
+    got = wake({MB: 3e-3, 2 * MB: 2e-3, 3 * MB: 1e-3})
+    assert [got[n] for n in (MB, 2 * MB, 3 * MB)] == pytest.approx([2e-3] * 3)
+    # a line that would cross below zero at no bytes: through the origin instead
+    got = wake({MB: 0.0, 2 * MB: 0.0, 3 * MB: 6e-3})
+    assert got[MB] == pytest.approx(18e-3 / 14) and got[3 * MB] == pytest.approx(54e-3 / 14)

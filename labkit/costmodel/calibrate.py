@@ -16,9 +16,12 @@ the numbers they were made from:
   makes it (the time per burst with the call, less the time per burst without it);
 - wake_s(op, p, n): what a call of n bytes between bursts costs (per burst with the call, less
   per burst without it) beyond the model's price of the same call back to back, at a few
-  sizes, with sync_s − overhead as its smallest size's: between bursts, the model then prices
-  a call at a measured size as measured; wake_s(op, 2, n, world) the same for pairs calling at
-  once inside a larger world (tp or dp groups of 2 in a 2-D run);
+  sizes — on the least-squares line a + b·n through them (a, b ≥ 0: a peer woken, and a part
+  per byte; in eight 2-rank calibrations in a row on 2 cores, each size alone had a standard
+  deviation of 0.17–0.80 ms, the line 0.19–0.64 ms) — with sync_s − overhead as its smallest
+  size's;
+  wake_s(op, 2, n, world) the same for pairs calling at once inside a larger world (tp or dp
+  groups of 2 in a 2-D run);
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
@@ -157,14 +160,31 @@ def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
     )
 
 
+def _line(table: dict[int, float]) -> dict[int, float]:
+    """The least-squares line a + b·n through ``n → seconds`` (a, b ≥ 0), at the same n."""
+    ns, ts = list(table), list(table.values())
+    k = len(ns)
+    mean_n, mean_t = sum(ns) / k, sum(ts) / k
+    var = sum((n - mean_n) ** 2 for n in ns)
+    b = sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts, strict=True)) / var if var else 0
+    a = mean_t - b * mean_n
+    if b < 0:
+        a, b = mean_t, 0.0
+    if a < 0:  # through the origin
+        a, b = 0.0, sum(n * t for n, t in zip(ns, ts, strict=True)) / sum(n * n for n in ns)
+    return {n: a + b * n for n in ns}
+
+
 def _wake(machine: MachineModel, probe: BackendProbes, stat: str) -> dict:
     """``wake_s`` of one backend: each sized call between bursts less the model's price of
-    the same call back to back (``machine`` has every other term already)."""
+    the same call back to back (``machine`` has every other term already), on the line
+    through the sizes measured: a fixed part (a peer woken) and a part per byte."""
     costs, wake = machine.backend(probe.name), {}
     for (op, q, n, p), (with_op, without) in probe.sized.items():
         back_to_back = predict_collective(machine, probe.name, op, n, q)
         extra = pick(with_op, stat) - pick(without, stat) - back_to_back
         wake.setdefault((op, q) if q == p else (op, q, p), {})[n] = max(0.0, extra)
+    wake = {key: _line(table) for key, table in wake.items()}
     for key, table in wake.items():  # the smallest call on the whole world: a float per rank
         if key in costs.sync_s:
             tiny = 4 if key[0] in HOPS else 4 * key[1]
