@@ -139,10 +139,9 @@ def pipeline_time(
                 raise RuntimeError("pipeline schedule deadlocked")
             now = max(now, min(pending))
             continue
-        receiving = sum(1 for a in waiting(running) if a > now) if receiving_computes else 0
-        rate = 1.0 / slow((len(running) + receiving) * copies)
+        soon = [a for a in waiting(running) if a > now]  # messages on their way
+        rate = 1.0 / slow((len(running) + (len(soon) if receiving_computes else 0)) * copies)
         step = min(left for _, left in running.values()) / rate
-        soon = [a for a in waiting(running) if a > now]
         dt = min([step, *[a - now for a in soon]])
         now += dt
         done = []
