@@ -32,7 +32,7 @@ from labkit.backends._shm.layout import Layout
 from labkit.bench_between import between, makespan, sized
 from labkit.bench_collectives import collective
 from labkit.bench_p2p import p2p_pingpong
-from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes
+from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes, pool_rows
 from labkit.costmodel.machine import MachineModel
 from labkit.costmodel.recipes import KINDS
 from labkit.launcher import launch, settle
@@ -309,7 +309,7 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
         bp.sized[(op, q, n, p)] = tuple([*o, *s] for o, s in zip(old, samples, strict=True))
     bp.chunk_bytes[p] = r["chunk_bytes"]
     if "p2p" in r:
-        bp.p2p = _pooled(bp.p2p, r["p2p"])
+        bp.p2p = pool_rows(bp.p2p, r["p2p"])
         before = {n: (both, one) for n, both, one in bp.exchange}
         bp.exchange = [
             (n, [*before.get(n, ([], []))[0], *both], [*before.get(n, ([], []))[1], *one])
@@ -319,23 +319,15 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
         m = r["machine"]
         for kind, table in (("copy", probes.copy), ("add", probes.add)):
             for q, pick_ in ((1, 0), (p, 1)):
-                table[q] = _pooled(table.get(q, []), [(n, v[pick_]) for n, v in m[kind].items()])
+                table[q] = pool_rows(table.get(q, []), [(n, v[pick_]) for n, v in m[kind].items()])
         for kind, table in (("copy_slots", probes.copy_slots), ("add_slots", probes.add_slots)):
             if m.get(kind):  # measured where each rank has a core
-                table[p] = _pooled(table.get(p, []), list(m[kind].items()))
+                table[p] = pool_rows(table.get(p, []), list(m[kind].items()))
         old = probes.compute_share.get(p, ([], []))
         probes.compute_share[p] = ([*old[0], *m["compute"][0]], [*old[1], *m["compute"][1]])
         # one rank alone, every launch's samples: the machine's own drift (p = 1)
         alone = [*probes.compute_share.get(1, ([], []))[0], *m["compute"][0]]
         probes.compute_share[1] = (alone, alone)
-
-
-def _pooled(rows: list, more: list) -> list:
-    """``(size, samples)`` rows with the samples of ``more`` added size by size."""
-    have = {n: list(s) for n, s in rows}
-    for n, s in more:
-        have[n] = [*have.get(n, []), *s]
-    return sorted(have.items())
 
 
 def calibrate(

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from labkit.costmodel import predict_collective
-from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes, pick
+from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes, pick, pool
 
 KB, MB = 1 << 10, 1 << 20
 ALPHA, BETA, DUPLEX = 80e-6, 0.4e-9, 1.7
@@ -168,3 +168,31 @@ def test_the_wake_of_calls_between_bursts_is_the_line_through_the_sizes_measured
     # a line that would cross below zero at no bytes: through the origin instead
     got = wake({MB: 0.0, 2 * MB: 0.0, 3 * MB: 6e-3})
     assert got[MB] == pytest.approx(18e-3 / 14) and got[3 * MB] == pytest.approx(54e-3 / 14)
+
+
+def test_pool_puts_every_terms_samples_of_several_calibrations_together():
+    a, b = make_probes(seed=1), make_probes(seed=2)
+    b.backends[0].sized = {("all_reduce", 2, MB, 2): ([3e-3], [1e-3])}
+    both = pool(a, b)
+    assert both.cores == 2 and [x.name for x in both.backends] == ["gloo", "labkit_shm"]
+    for name in ("copy", "add", "copy_slots", "add_slots"):
+        for q, rows in getattr(both, name).items():
+            for (n, s), (n1, s1), (n2, s2) in zip(
+                rows, getattr(a, name)[q], getattr(b, name)[q], strict=True
+            ):
+                assert n == n1 == n2 and s == [*s1, *s2]
+    g, g1, g2 = both.backends[0], a.backends[0], b.backends[0]
+    assert g.tiny[("all_reduce", 2)] == [*g1.tiny[("all_reduce", 2)], *g2.tiny[("all_reduce", 2)]]
+    assert g.p2p[0][1] == [*g1.p2p[0][1], *g2.p2p[0][1]]
+    assert g.exchange[0][1] == [*g1.exchange[0][1], *g2.exchange[0][1]]
+    assert g.between[("all_reduce", 2)][0] == [*g1.between[("all_reduce", 2)][0]] * 2
+    assert g.sized == {("all_reduce", 2, MB, 2): ([3e-3], [1e-3])}  # measured in one only
+    assert both.compute_share[4][1] == [*a.compute_share[4][1], *b.compute_share[4][1]]
+    # the fastest of both is the fastest of either; a calibration pooled with itself is itself
+    fast = machine_from_probes(both, "min")
+    assert fast.copy_rate(4, 16 * MB) == min(
+        machine_from_probes(x, "min").copy_rate(4, 16 * MB) for x in (a, b)
+    )
+    assert machine_from_probes(pool(a, a), "min") == machine_from_probes(a, "min")
+    with pytest.raises(ValueError, match="at least one"):
+        pool()

@@ -48,7 +48,16 @@ from labkit.costmodel.network import fit
 
 HOPS = ("p2p", P2P_BUSY)  # a pipeline's hop: its smallest message is one float
 
-__all__ = ["HOPS", "STATS", "BackendProbes", "Probes", "machine_from_probes", "pick"]
+__all__ = [
+    "HOPS",
+    "STATS",
+    "BackendProbes",
+    "Probes",
+    "machine_from_probes",
+    "pick",
+    "pool",
+    "pool_rows",
+]
 
 STATS = ("min", "median")
 Samples = Sequence[float]
@@ -121,6 +130,56 @@ class Probes:
     backends: list[BackendProbes] = field(default_factory=list)
     copy_slots: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
     add_slots: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
+
+
+def pool_rows(rows: list, more: list) -> list:
+    """``(size, samples)`` rows with the samples of ``more`` added size by size."""
+    have = {n: list(s) for n, s in rows}
+    for n, s in more:
+        have[n] = [*have.get(n, []), *s]
+    return sorted(have.items())
+
+
+def _pairs(into: dict, more: Mapping) -> None:
+    for key, (a, b) in more.items():
+        old = into.get(key, ([], []))
+        into[key] = ([*old[0], *a], [*old[1], *b])
+
+
+def pool(*many: Probes) -> Probes:
+    """The samples of several calibrations of one machine, term by term, as one.
+
+    A machine whose load drifts over minutes lands each calibration somewhere else: a model
+    made of calibrations taken before and after what it predicts (its medians over both)
+    follows that drift where one calibration alone may land away from it.
+
+    Raises:
+        ValueError: nothing to pool.
+    """
+    if not many:
+        raise ValueError("pool needs at least one Probes")
+    out = Probes(cores=min(p.cores for p in many))
+    for probes in many:
+        for name in ("copy", "add", "copy_slots", "add_slots"):
+            table = getattr(out, name)
+            for q, rows in getattr(probes, name).items():
+                table[q] = pool_rows(table.get(q, []), rows)
+        _pairs(out.compute_share, probes.compute_share)
+        for b in probes.backends:
+            mine = next((x for x in out.backends if x.name == b.name), None)
+            if mine is None:
+                mine = BackendProbes(b.name, b.kind)
+                out.backends.append(mine)
+            mine.p2p = pool_rows(mine.p2p, b.p2p)
+            exchange = {n: (both, one) for n, both, one in mine.exchange}
+            _pairs(exchange, {n: (both, one) for n, both, one in b.exchange})
+            mine.exchange = [(n, *v) for n, v in sorted(exchange.items())]
+            for key, samples in b.tiny.items():
+                mine.tiny[key] = [*mine.tiny.get(key, []), *samples]
+            _pairs(mine.between, b.between)
+            _pairs(mine.sized, b.sized)
+            mine.chunk_bytes.update(b.chunk_bytes)
+    return out
 
 
 def _ratio(pairs: Mapping[int, tuple[Samples, Samples]], stat: str) -> dict[int, float]:
