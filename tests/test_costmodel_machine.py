@@ -18,7 +18,6 @@ from labkit.costmodel.machine import (
 from labkit.costmodel.recipes import (
     OPS,
     SHM_ONE_SHOT_BYTES,
-    SHM_ONE_SHOT_RANKS,
     Recipe,
     gloo_ring_messages,
     recipe,
@@ -56,13 +55,14 @@ MACHINE = MachineModel(
 
 def test_shm_recipes_follow_the_backend_constants():
     assert SHM_ONE_SHOT_BYTES == shm_algo.ONE_SHOT_BYTES
-    assert SHM_ONE_SHOT_RANKS == shm_algo.ONE_SHOT_RANKS
     one_shot = recipe("labkit_shm", "all_reduce", 4, SHM_ONE_SHOT_BYTES)
     two_shot = recipe("labkit_shm", "all_reduce", 4, SHM_ONE_SHOT_BYTES + 1)
     assert (one_shot.copy, one_shot.reduce, one_shot.extra_rounds) == (1, 3, 0)
     # reduce-scatter + all-gather on 4 ranks: 3/4 in, 1/4 back, 3/4 out; 3/4 reduced
     assert (two_shot.copy, two_shot.reduce, two_shot.extra_rounds) == (1.75, 0.75, 1)
-    assert recipe("labkit_shm", "all_reduce", 3, 64 * MB).reduce == 2  # one-shot up to 3 ranks
+    # above 256 KiB every world size splits the work: 2 ranks copy 1/2 in, 1/2 back, 1/2 out
+    assert recipe("labkit_shm", "all_reduce", 2, 64 * MB).copy == 1.5
+    assert recipe("labkit_shm", "all_reduce", 2, SHM_ONE_SHOT_BYTES).reduce == 1
 
 
 def test_gloo_recipes_by_hand():
@@ -119,10 +119,14 @@ def test_gloo_all_reduce_terms_by_hand():
 
 
 def test_shm_terms_by_hand():
-    n = 8 * MB  # 8 chunks of 1 MiB on 2 ranks: 7 rounds beyond the smallest call's one
+    # 8 chunks of 1 MiB on 2 ranks, split (reduce-scatter + all-gather): one round more than
+    # the chunks, 8 beyond the smallest call's one (one-shot); 1/2 in, 1/2 back, 1/2 out
+    n = 8 * MB
     t = collective_terms(MACHINE, "labkit_shm", "all_reduce", n, 2)
-    assert math.isclose(t["rounds"], 7 * 10e-6)
-    assert math.isclose(t["copy"], n * 2e-9) and math.isclose(t["reduce"], n * 4e-9)
+    assert math.isclose(t["rounds"], 8 * 10e-6)
+    assert math.isclose(t["copy"], 1.5 * n * 2e-9) and math.isclose(t["reduce"], 0.5 * n * 4e-9)
+    small = collective_terms(MACHINE, "labkit_shm", "all_reduce", 256 << 10, 2)  # one-shot
+    assert small["rounds"] == 0 and math.isclose(small["reduce"], (256 << 10) * 4e-9)
     assert t["wire"] == 0
     b = collective_terms(MACHINE, "labkit_shm", "broadcast", n, 4)  # 4 MiB slots: 2 chunks
     assert b["overhead"] == 60e-6 and math.isclose(b["rounds"], 30e-6)
@@ -136,8 +140,8 @@ def test_shm_passes_go_through_slots_at_their_own_rates_where_measured():
     assert all(recipe("labkit_shm", op, 2, MB).through_slots for op in OPS)
     assert not any(recipe("gloo", op, 2, MB).through_slots for op in OPS)
     n = 8 * MB
-    t = collective_terms(m, "labkit_shm", "all_reduce", n, 2)
-    assert math.isclose(t["copy"], n * 3e-9) and math.isclose(t["reduce"], n * 5e-9)
+    t = collective_terms(m, "labkit_shm", "all_reduce", n, 2)  # split: 1.5 n copied, n/2 reduced
+    assert math.isclose(t["copy"], 1.5 * n * 3e-9) and math.isclose(t["reduce"], 0.5 * n * 5e-9)
     assert t["rounds"] == collective_terms(MACHINE, "labkit_shm", "all_reduce", n, 2)["rounds"]
     g = collective_terms(m, "gloo", "reduce_scatter", n, 2)  # gloo: its own buffers
     assert math.isclose(g["copy"], 1.5 * n * 2e-9) and math.isclose(g["reduce"], 0.5 * n * 4e-9)

@@ -307,7 +307,8 @@ def collective_terms(
         return {"formula": predict(op, n, p, net)}
     r = recipe(b.kind, op, p, n)
     chunk = b.chunk_bytes.get(p, 0)
-    extra = r.rounds(n, chunk) - r.rounds(0, chunk)  # the smallest call's rounds are overhead
+    # the smallest call's rounds (its own recipe's: one-shot) are in its measured overhead
+    extra = r.rounds(n, chunk) - recipe(b.kind, op, p, 0).rounds(0, chunk)
     # β was measured with 2 ranks busy: the wire slows down as copies do beyond that
     wire_share = machine.share(p, n, base=2)
     return {

@@ -22,7 +22,7 @@ calibrated rates.
   ``broadcast`` is gloo's binomial tree, ⌈lg p⌉ one-way hops of n (``gloo/broadcast.cc``).
 - **labkit_shm** (``labkit/backends/_shm``): data moves through per-rank slots of shared
   memory, a slot (``chunk_bytes``) per round, and each round ends when every rank has
-  arrived. ``all_reduce`` up to 3 ranks, or up to 256 KiB, is one-shot: copy n into the slot,
+  arrived. ``all_reduce`` up to 256 KiB is one-shot: copy n into the slot,
   reduce all p slots (p − 1 passes over n); otherwise reduce-scatter + all-gather, pipelined
   (copy (p−1)/p·n in, reduce its piece: (p−1)/p·n, copy it back, n/p, copy (p−1)/p·n out; one
   round more than the chunks). ``all_gather``: copy n/p in, n out. ``reduce_scatter``: copy
@@ -42,7 +42,6 @@ __all__ = [
     "KINDS",
     "OPS",
     "SHM_ONE_SHOT_BYTES",
-    "SHM_ONE_SHOT_RANKS",
     "Recipe",
     "gloo_ring_messages",
     "lg_ceil",
@@ -51,10 +50,9 @@ __all__ = [
 
 KINDS = ("gloo", "labkit_shm")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")  # those with recipes
-# labkit_shm's one-shot all-reduce (labkit/backends/_shm/collectives.py: ONE_SHOT_BYTES and
-# ONE_SHOT_RANKS; a test keeps the two in step).
+# labkit_shm's one-shot all-reduce (labkit/backends/_shm/collectives.py: ONE_SHOT_BYTES; a
+# test keeps the two in step).
 SHM_ONE_SHOT_BYTES = 256 << 10
-SHM_ONE_SHOT_RANKS = 3
 
 
 def lg_ceil(p: int) -> int:
@@ -138,7 +136,7 @@ def _gloo(op: str, p: int, n_bytes: float = 0.0) -> Recipe:
 def _shm(op: str, p: int, n_bytes: float) -> Recipe:
     f = (p - 1) / p
     if op == "all_reduce":
-        if p <= SHM_ONE_SHOT_RANKS or n_bytes <= SHM_ONE_SHOT_BYTES:
+        if n_bytes <= SHM_ONE_SHOT_BYTES:
             return Recipe(
                 copy=1, reduce=p - 1, chunked=1, through_slots=True, source="labkit_shm one-shot"
             )

@@ -23,10 +23,14 @@ from labkit.backends._pg_util import reduce_into_row, reduce_rows
 from labkit.backends._shm.describe import OpDesc, check_descriptors
 
 # Up to this many bytes each rank reduces the whole chunk itself: one round trip instead of
-# two. With up to 3 ranks that is also less work at any size (a rank reads n chunks instead
-# of about 3), so they always do it. LABKIT_SHM_ONE_SHOT_BYTES overrides the size (0: always
-# reduce-scatter + all-gather, whatever the world size).
+# two. Above it all_reduce splits the work (reduce-scatter + all-gather, pipelined) on any
+# number of ranks: on 2 and 3 ranks of a 2-core machine, fastest of 11 calls, one-shot took
+# 1.1-1.6x the time of the split from 512 KiB to 16 MiB (2 ranks: 2.53 against 2.06 ms at
+# 16 MiB) — fewer bytes cross between the cores' caches per rank, and the rounds pipeline.
+# LABKIT_SHM_ONE_SHOT_BYTES overrides the size (0: always split, whatever the world size).
 ONE_SHOT_BYTES = 256 << 10
+# reduce (to one root) stays one-shot up to this many ranks at any size: there only the root
+# reduces, and splitting added a round that cost more (2 ranks: 0.84-0.86x from 512 KiB).
 ONE_SHOT_RANKS = 3
 
 
@@ -42,11 +46,12 @@ class Exchange:
         self.label = ""
         self.views: dict = {}  # (dtype, chunk length) -> SlotViews (see allreduce.py)
 
-    def one_shot(self, flat: torch.Tensor) -> bool:
-        """Whether to reduce whole chunks on every rank (vs reduce-scatter + all-gather)."""
+    def one_shot(self, flat: torch.Tensor, up_to_ranks: int = 1) -> bool:
+        """Whether to reduce whole chunks (vs reduce-scatter + all-gather): small tensors, or
+        at most ``up_to_ranks`` ranks whatever the size."""
         if self.n == 1 or self.one_shot_bytes <= 0:
             return self.n == 1
-        return self.n <= ONE_SHOT_RANKS or flat.numel() * flat.element_size() <= self.one_shot_bytes
+        return self.n <= up_to_ranks or flat.numel() * flat.element_size() <= self.one_shot_bytes
 
     def rows(self, dtype: torch.dtype) -> torch.Tensor:
         """Every rank's slot in this round's buffer: [n, capacity] of ``dtype``."""
@@ -104,7 +109,7 @@ def reduce(ex: Exchange, flat: torch.Tensor, op: str, root: int, desc: OpDesc) -
     """Reduce ``flat`` onto ``root`` (reduce-scatter, then the root gathers the pieces)."""
     n, me, dtype = ex.n, ex.rank, flat.dtype
     cap = ex.rows(dtype).shape[1]
-    one_shot = ex.one_shot(flat)
+    one_shot = ex.one_shot(flat, ONE_SHOT_RANKS)
     for k0, k1 in _chunks(flat.numel(), cap):
         rows = ex.rows(dtype)[:, : k1 - k0]
         rows[me].copy_(flat[k0:k1])
