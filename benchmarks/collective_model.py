@@ -16,10 +16,8 @@ Reported per (backend, ranks, collective): the median over sizes of |predicted �
 measured, for the model calibrated on the fastest samples against the fastest sample of each
 size (the machine at its best: what other processes' load cannot inflate), and for the model
 calibrated on medians against the median sample; next to it the error of the α-β ring/tree
-model fitted on the ping-pong alone (notebook 05's starting point), how far the first
-half's measurement lands from the second's (the noise floor), and the fastest-sample model
-with labkit_shm's passes priced as back to back over private buffers rather than through its
-slots of shared memory (the same measurements, one term changed). The target: median error ≤ 25 %
+model fitted on the ping-pong alone (notebook 05's starting point), and how far the first
+half's measurement lands from the second's (the noise floor). The target: median error ≤ 25 %
 for every row, fastest samples.
 """
 
@@ -70,12 +68,9 @@ def _pool(runs: list[list]) -> list:
     ]
 
 
-def errors(probes, measured: dict, stat: str, slots: bool = True) -> dict:
-    """(backend, p, op) → median relative error of the calibrated and of the p2p-only model
-    (``slots=False``: labkit_shm's passes priced as back to back, not through its slots)."""
+def errors(probes, measured: dict, stat: str) -> dict:
+    """(backend, p, op) → median relative error of the calibrated and of the p2p-only model."""
     machine = machine_from_probes(probes, stat)
-    if not slots:
-        machine = replace(machine, copy_slots_s_per_byte={}, add_slots_s_per_byte={})
     out = {}
     for (backend, p), rows_by_op in measured.items():
         b = machine.backend(backend)
@@ -85,7 +80,7 @@ def errors(probes, measured: dict, stat: str, slots: bool = True) -> dict:
             for r in rows:
                 t = pick(r.times_s, stat)
                 pred = lk.costmodel.predict_collective(machine, backend, op, r.n_bytes, p)
-                if VERBOSE and stat == "min" and slots:
+                if VERBOSE and stat == "min":
                     print(f"{backend:10s} {p} {op:15s} {r.n_bytes:>9d} model {pred * 1e3:8.2f} "
                           f"measured {t * 1e3:8.2f} ratio {t / pred:5.2f}")  # fmt: skip
                 cal.append(abs(pred - t) / t)
@@ -123,8 +118,7 @@ def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float, dict]:
         for key in halves[0]
     }
     fastest, medians = errors(probes, measured, "min"), errors(probes, measured, "median")
-    without_slots = errors(probes, measured, "min", slots=False)
-    return fastest, medians, seconds, load, repeat_error(*halves), without_slots
+    return fastest, medians, seconds, load, repeat_error(*halves)
 
 
 def report(rounds: list, args, load: list[float]) -> str:
@@ -152,8 +146,8 @@ def report(rounds: list, args, load: list[float]) -> str:
         "samples): how far this machine lands from itself seconds later.",
         "",
         "| backend | ranks | collective | calibrated, fastest | calibrated, medians "
-        "| ping-pong only | measurement vs itself | labkit_shm's passes back to back |",
-        "|---|---|---|---|---|---|---|---|",
+        "| ping-pong only | measurement vs itself |",
+        "|---|---|---|---|---|---|---|",
     ]
     worst = []
     for b in BACKENDS:
@@ -164,19 +158,16 @@ def report(rounds: list, args, load: list[float]) -> str:
                 med_err = [r[1][key][0] for r in rounds]
                 naive = [r[0][key][1] for r in rounds]
                 itself = [r[4][key] for r in rounds]
-                unslotted = [r[5][key][0] for r in rounds]
                 worst.append(max(fast_err))
                 lines.append(
                     f"| {b} | {p} | {op} | {' / '.join(f'{e:.0%}' for e in fast_err)} | "
                     f"{' / '.join(f'{e:.0%}' for e in med_err)} | "
                     f"{' / '.join(f'{e:.0%}' for e in naive)} | "
-                    f"{' / '.join(f'{e:.0%}' for e in itself)} | "
-                    f"{' / '.join(f'{e:.0%}' for e in unslotted)} |"
+                    f"{' / '.join(f'{e:.0%}' for e in itself)} |"
                 )
     met = sum(w <= TARGET for w in worst)
     keys = [(b, p, op) for b in BACKENDS for p in WORLD_SIZES for op in OPS]
     per_round = [sum(r[0][k][0] <= TARGET for k in keys) for r in rounds]
-    per_round_unslotted = [sum(r[5][k][0] <= TARGET for k in keys) for r in rounds]
     # where the machine repeated its own measurement within the target, the model's share
     steady = [(r[0][k][0], r[4][k]) for r in rounds for k in keys if r[4][k] <= TARGET]
     lines += [
@@ -185,12 +176,8 @@ def report(rounds: list, args, load: list[float]) -> str:
         f"{len(worst)}; per round: "
         + " / ".join(f"{m} of {len(keys)}" for m in per_round)
         + f"; the worst row's worst round: {max(worst):.0%}. Among the rows of a round whose "
-        f"measurement landed within {TARGET:.0%} of itself (the column before last), the model was "
-        f"within the target in {sum(e <= TARGET for e, _ in steady)} of {len(steady)}. "
-        "With labkit_shm's copies and reductions priced as back-to-back passes over private "
-        "buffers instead of through its slots (the last column), per round: "
-        + " / ".join(f"{m} of {len(keys)}" for m in per_round_unslotted)
-        + ".",
+        f"measurement landed within {TARGET:.0%} of itself (the last column), the model was "
+        f"within the target in {sum(e <= TARGET for e, _ in steady)} of {len(steady)}.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -6,12 +6,10 @@ One launch per backend and world size measures, in a few seconds (``fast``), wha
 ``labkit.costmodel.calibrate`` needs: a ping-pong and an exchange between two ranks (α, β,
 duplex), every collective at its smallest size and a barrier (the per-call overhead, the cost
 of a round), and, in the gloo launches, the machine itself: a one-core memcpy and a reduction
-pass (c, γ), run back to back by one rank alone and then by all ranks at once (how ranks share
-the cores and the memory), and through slots of shared memory chunk by chunk (how labkit_shm's
-rounds make them); a small transformer block's forward and backward by one rank alone and
-by all at once (how ranks share the cores for compute); and each collective and a pipeline's
-hop between short bursts of compute, at its smallest size and at the sizes a training step's
-calls have (``labkit.bench_between``)::
+pass (c, γ), and a fixed amount of memory-bound work and of a small transformer block's forward
+and backward done by one rank alone and then by all ranks at once (how ranks share the cores);
+and each collective and a pipeline's hop between short bursts of compute, at its smallest size
+and at the sizes a training step's calls have (``labkit.bench_between``)::
 
     machine, probes = lk.bench.calibrate(["gloo", "labkit_shm"], world_sizes=(2, 4), fast=True)
     lk.costmodel.predict_collective(machine, "gloo", "all_reduce", 1 << 20, 4)
@@ -20,7 +18,6 @@ calls have (``labkit.bench_between``)::
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from labkit.backends._shm.layout import Layout
 from labkit.bench_between import between, makespan, sized
 from labkit.bench_collectives import collective
 from labkit.bench_p2p import p2p_pingpong
@@ -138,66 +134,15 @@ def _alone_then_together(
     return alone, makespan(starts, ends)
 
 
-def _shared_rows(rows: int, n_bytes: int) -> torch.Tensor:
-    """``rows`` rows of ``n_bytes`` in one shared mapping, on every rank of the group."""
-    name = [f"labkit_probe_{os.getpid()}_{time.monotonic_ns()}" if dist.get_rank() == 0 else ""]
-    dist.broadcast_object_list(name, src=0)
-    path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(), name[0])
-    if dist.get_rank() == 0:
-        with open(path, "wb") as f:
-            f.truncate(rows * n_bytes)
-    dist.barrier()
-    slots = torch.from_file(path, shared=True, size=rows * n_bytes // 4).view(rows, -1)
-    dist.barrier()  # every rank has it mapped
-    if dist.get_rank() == 0:
-        os.unlink(path)
-    return slots
-
-
-def _through_slots(n_bytes: int, slot_bytes: int, reps: int) -> tuple[list[float], list[float]]:
-    """A rank's n bytes through slots of shared memory, as labkit_shm's rounds move them:
-    per chunk of ``slot_bytes``, every rank copies it into its own slot, waits for its peers,
-    then reduces it with the next rank's slot (lines another core has just written) into its
-    own tensor. Per sample, the slowest rank's own time of its copies, and of its reductions
-    (the waits are the rounds', priced apart; a first rank's start to a last one's end would
-    count the barrier's skew, a millisecond with more ranks than cores)."""
-    p, rank, m = dist.get_world_size(), dist.get_rank(), min(n_bytes, slot_bytes) // 4
-    slots = _shared_rows(p, m * 4)
-    mine, peer = slots[rank], slots[(rank + 1) % p]
-    src, dst = torch.ones(n_bytes // 4), torch.empty(n_bytes // 4)
-    copies, adds = [], []
-    for _ in range(reps + 1):  # the first touches the pages
-        c = a = 0.0
-        for k0 in range(0, src.numel(), m):
-            k1 = min(src.numel(), k0 + m)
-            t0 = time.perf_counter()
-            mine[: k1 - k0].copy_(src[k0:k1])
-            t1 = time.perf_counter()
-            dist.barrier()
-            t2 = time.perf_counter()
-            torch.add(src[k0:k1], peer[: k1 - k0], out=dst[k0:k1])
-            c, a = c + t1 - t0, a + time.perf_counter() - t2
-            dist.barrier()  # every peer has read the slot before it is written again
-        copies.append(c)
-        adds.append(a)
-    return _slowest(copies[1:]), _slowest(adds[1:])
-
-
 def _machine(fast: bool) -> dict:
-    """Copy and reduction rates per size (alone, then all ranks at once, back to back; and
-    through shared slots), compute sharing."""
-    reps, out = (3 if fast else 7), {"copy": {}, "add": {}, "copy_slots": {}, "add_slots": {}}
+    """Copy and reduction rates per size (alone, then all ranks at once), compute sharing."""
+    reps, out = (3 if fast else 7), {"copy": {}, "add": {}}
     for kind in ("copy", "add"):
         for n in COPY_SIZES:
             units = max(1, (32 << 20) // n)  # 32 MB of work per sample: longer than a skew
             alone, together = _alone_then_together(kind, n, units, reps)
             per_unit = [t / units for t in alone], [t / units for t in together]
             out[kind][n] = per_unit
-    p = dist.get_world_size()
-    if p <= _cores():  # a rank's own time counts its passes only while it has a core to itself
-        slot = Layout.for_world(p).slot_bytes  # what labkit_shm's rounds carry
-        for n in COPY_SIZES:
-            out["copy_slots"][n], out["add_slots"][n] = _through_slots(n, slot, 3 * reps)
     # several milliseconds a sample, more samples: one preempted sample must not be the median
     out["compute"] = _alone_then_together("block", 0, 4, 2 * reps + 1)
     return out
@@ -320,9 +265,6 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
         for kind, table in (("copy", probes.copy), ("add", probes.add)):
             for q, pick_ in ((1, 0), (p, 1)):
                 table[q] = pool_rows(table.get(q, []), [(n, v[pick_]) for n, v in m[kind].items()])
-        for kind, table in (("copy_slots", probes.copy_slots), ("add_slots", probes.add_slots)):
-            if m.get(kind):  # measured where each rank has a core
-                table[p] = pool_rows(table.get(p, []), list(m[kind].items()))
         old = probes.compute_share.get(p, ([], []))
         probes.compute_share[p] = ([*old[0], *m["compute"][0]], [*old[1], *m["compute"][1]])
         # one rank alone, every launch's samples: the machine's own drift (p = 1)

@@ -8,7 +8,7 @@ import pytest
 
 import labkit as lk
 from labkit.bench_between import HOPS, WAKE_OPS, WAKE_SIZES
-from labkit.bench_calibrate import COPY_SIZES, add_launch
+from labkit.bench_calibrate import add_launch
 from labkit.costmodel.calibrate import Probes, machine_from_probes
 from labkit.costmodel.recipes import OPS
 
@@ -40,10 +40,6 @@ def test_fast_calibration_measures_every_term():
         between = lk.costmodel.predict_collective(machine, "labkit_shm", op, 1 << 20, 2, True)
         assert between >= lk.costmodel.predict_collective(machine, "labkit_shm", op, 1 << 20, 2)
     assert set(machine.copy_s_per_byte) == {1, 2} and set(machine.add_s_per_byte) == {1, 2}
-    # through labkit_shm's slots: where each rank has a core (CI's machines have 2)
-    assert set(machine.copy_slots_s_per_byte) == set(machine.add_slots_s_per_byte) == {2}
-    assert set(machine.copy_slots_s_per_byte[2]) == set(COPY_SIZES)
-    assert all(r > 0 for r in machine.add_slots_s_per_byte[2].values())
     assert all(r > 0 for t in machine.copy_s_per_byte.values() for r in t.values())
     assert machine.compute_share_at(2) >= 1.0 and machine.compute_share_at(1) >= 1.0
     t = lk.costmodel.predict_collective(machine, "labkit_shm", "all_reduce", 1 << 20, 2)
@@ -68,8 +64,6 @@ def one_launch(scale: float) -> dict:
             "copy": {1 << 20: ([scale], [2 * scale])},
             "add": {1 << 20: ([scale], [3 * scale])},
             "compute": ([scale], [2 * scale]),
-            "copy_slots": {1 << 20: [4 * scale]},
-            "add_slots": {1 << 20: [5 * scale]},
         },
     }
 
@@ -85,8 +79,6 @@ def test_add_launch_pools_the_samples_of_several_launches():
     assert bp.exchange == [(1 << 20, [3.0, 30.0], [2.0, 20.0])]
     assert probes.copy == {1: [(1 << 20, [1.0, 10.0])], 2: [(1 << 20, [2.0, 20.0])]}
     assert probes.add[2] == [(1 << 20, [3.0, 30.0])]
-    assert probes.copy_slots == {2: [(1 << 20, [4.0, 40.0])]}
-    assert probes.add_slots == {2: [(1 << 20, [5.0, 50.0])]}
     assert probes.compute_share[2] == ([1.0, 10.0], [2.0, 20.0])
     assert probes.compute_share[1] == ([1.0, 10.0], [1.0, 10.0])  # one rank alone, every launch
     m = machine_from_probes(probes, "min")  # the fastest of both launches

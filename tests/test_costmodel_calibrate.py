@@ -16,7 +16,6 @@ OVERHEAD = {("all_reduce", 2): 150e-6, ("all_gather", 2): 170e-6, ("all_reduce",
 ROUND = {2: 12e-6, 4: 90e-6}
 COPY = {1: {256 * KB: 0.03e-9, 16 * MB: 0.1e-9}, 4: {256 * KB: 0.06e-9, 16 * MB: 0.3e-9}}
 ADD = {1: {256 * KB: 0.05e-9, 16 * MB: 0.12e-9}, 4: {256 * KB: 0.1e-9, 16 * MB: 0.4e-9}}
-SLOTS = {"copy": {2: {256 * KB: 0.2e-9, 16 * MB: 0.15e-9}}, "add": {2: {16 * MB: 0.25e-9}}}
 COMPUTE = {2: 1.1, 4: 2.3}
 SYNC = {("all_reduce", 2): 0.3e-3, ("all_gather", 4): 2.5e-3}
 
@@ -41,12 +40,7 @@ def make_probes(seed: int = 0) -> Probes:
         for key, table in (("copy", COPY), ("add", ADD))
     }
     compute = {p: (noisy(1e-3, rng), noisy(f * 1e-3, rng)) for p, f in COMPUTE.items()}
-    slots = {
-        key: {p: [(n, noisy(r * n, rng)) for n, r in t.items()] for p, t in table.items()}
-        for key, table in SLOTS.items()
-    }
-    copy, add = rates["copy"], rates["add"]
-    return Probes(2, copy, add, compute, [gloo, shm], slots["copy"], slots["add"])
+    return Probes(2, rates["copy"], rates["add"], compute, [gloo, shm])
 
 
 def test_pick():
@@ -78,11 +72,6 @@ def test_recovers_every_parameter_from_the_fastest_samples():
             assert math.isclose(m.copy_rate(p, n), COPY[p][n], rel_tol=1e-12)
             assert math.isclose(m.add_rate(p, n), ADD[p][n], rel_tol=1e-12)
     assert m.compute_share == pytest.approx(COMPUTE, rel=1e-12)
-    for n, rate in SLOTS["copy"][2].items():  # through shared slots: measured on 2 ranks
-        assert math.isclose(m.copy_rate(2, n, through_slots=True), rate, rel_tol=1e-12)
-    assert math.isclose(m.add_rate(2, MB, through_slots=True), 0.25e-9, rel_tol=1e-12)
-    # 4 ranks on 2 cores: not measured through slots, priced as back to back
-    assert m.copy_rate(4, 16 * MB, through_slots=True) == m.copy_rate(4, 16 * MB)
 
 
 def test_medians_are_later_than_minima():
@@ -175,7 +164,7 @@ def test_pool_puts_every_terms_samples_of_several_calibrations_together():
     b.backends[0].sized = {("all_reduce", 2, MB, 2): ([3e-3], [1e-3])}
     both = pool(a, b)
     assert both.cores == 2 and [x.name for x in both.backends] == ["gloo", "labkit_shm"]
-    for name in ("copy", "add", "copy_slots", "add_slots"):
+    for name in ("copy", "add"):
         for q, rows in getattr(both, name).items():
             for (n, s), (n1, s1), (n2, s2) in zip(
                 rows, getattr(a, name)[q], getattr(b, name)[q], strict=True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -16,7 +15,6 @@ from labkit.costmodel.machine import (
     predict_collective,
 )
 from labkit.costmodel.recipes import (
-    OPS,
     SHM_ONE_SHOT_BYTES,
     Recipe,
     gloo_ring_messages,
@@ -131,25 +129,6 @@ def test_shm_terms_by_hand():
     b = collective_terms(MACHINE, "labkit_shm", "broadcast", n, 4)  # 4 MiB slots: 2 chunks
     assert b["overhead"] == 60e-6 and math.isclose(b["rounds"], 30e-6)
     assert math.isclose(b["copy"], n * 4e-9)
-
-
-def test_shm_passes_go_through_slots_at_their_own_rates_where_measured():
-    # through shared slots, measured on 2 ranks: 3 ns/B a copy, 5 ns/B a reduction
-    slots = {"copy_slots_s_per_byte": {2: {MB: 3e-9}}, "add_slots_s_per_byte": {2: {MB: 5e-9}}}
-    m = dataclasses.replace(MACHINE, **slots)
-    assert all(recipe("labkit_shm", op, 2, MB).through_slots for op in OPS)
-    assert not any(recipe("gloo", op, 2, MB).through_slots for op in OPS)
-    n = 8 * MB
-    t = collective_terms(m, "labkit_shm", "all_reduce", n, 2)  # split: 1.5 n copied, n/2 reduced
-    assert math.isclose(t["copy"], 1.5 * n * 3e-9) and math.isclose(t["reduce"], 0.5 * n * 5e-9)
-    assert t["rounds"] == collective_terms(MACHINE, "labkit_shm", "all_reduce", n, 2)["rounds"]
-    g = collective_terms(m, "gloo", "reduce_scatter", n, 2)  # gloo: its own buffers
-    assert math.isclose(g["copy"], 1.5 * n * 2e-9) and math.isclose(g["reduce"], 0.5 * n * 4e-9)
-    # not measured on 4 ranks (2 ranks a core): back to back, which counts the turns they take
-    b = collective_terms(m, "labkit_shm", "broadcast", n, 4)
-    assert math.isclose(b["copy"], n * 4e-9)
-    assert m.copy_rate(2, MB, through_slots=True) == 3e-9 and m.copy_rate(2, MB) == 2e-9
-    assert m.add_rate(4, MB, through_slots=True) == ADD[4][MB]
 
 
 def test_p2p_and_one_rank():

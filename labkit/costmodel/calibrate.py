@@ -24,9 +24,7 @@ the numbers they were made from:
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
-  share the cores and the memory; and the same passes through slots of shared memory, a chunk
-  at a time between waits for the peers, reading a slot another core has just written (what
-  each round of labkit_shm does: slower than back to back over private buffers);
+  share the cores and the memory;
 - compute_share(p): the time of a fixed amount of compute while p ranks do it at once over
   the fastest run of the same work by one rank alone (compute calibrated on its fastest runs,
   ``lk.bench.workload_from_model``, times this factor is compute as p ranks see it now).
@@ -117,10 +115,6 @@ class Probes:
         compute_share: ``p → (samples alone, samples with p ranks at once)`` of a fixed
             amount of compute.
         backends: one ``BackendProbes`` per backend.
-        copy_slots: ``p → [(bytes, samples), ...]``: that many bytes copied into a slot of
-            shared memory a chunk at a time, each chunk followed by a wait for the peers,
-            every rank at once (the slowest rank's time of the copies).
-        add_slots: the same for the reductions of each chunk with a peer's slot.
     """
 
     cores: int
@@ -128,8 +122,6 @@ class Probes:
     add: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
     compute_share: dict[int, tuple[Samples, Samples]] = field(default_factory=dict)
     backends: list[BackendProbes] = field(default_factory=list)
-    copy_slots: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
-    add_slots: dict[int, list[tuple[int, Samples]]] = field(default_factory=dict)
 
 
 def pool_rows(rows: list, more: list) -> list:
@@ -160,7 +152,7 @@ def pool(*many: Probes) -> Probes:
         raise ValueError("pool needs at least one Probes")
     out = Probes(cores=min(p.cores for p in many))
     for probes in many:
-        for name in ("copy", "add", "copy_slots", "add_slots"):
+        for name in ("copy", "add"):
             table = getattr(out, name)
             for q, rows in getattr(probes, name).items():
                 table[q] = pool_rows(table.get(q, []), rows)
@@ -277,8 +269,6 @@ def machine_from_probes(probes: Probes, stat: str = "min", name: str = "") -> Ma
         cores=probes.cores,
         copy_s_per_byte=_rates(probes.copy, stat),
         add_s_per_byte=_rates(probes.add, stat),
-        copy_slots_s_per_byte=_rates(probes.copy_slots, stat),
-        add_slots_s_per_byte=_rates(probes.add_slots, stat),
         compute_share=_ratio(probes.compute_share, stat),
         backends={b.name: _backend(b, stat) for b in probes.backends},
         name=name,

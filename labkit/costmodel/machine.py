@@ -18,11 +18,7 @@ with the recipe's counts per byte of n (and its messages beyond the smallest cal
 ring cuts a buffer into more segments than p); c(p, n) and a(p, n) the seconds per byte of one
 copy and of one ``a += b`` of n bytes while p ranks do the same at once (how ranks share the
 cores and the memory, measured: the ratio c(p, n)/c(2, n) slows the wire, whose β was
-measured with two ranks busy) — for a backend whose data moves through slots of shared
-memory (labkit_shm), the rates of n bytes passed through such slots a chunk at a time between
-waits for the peers, measured that way (``copy_slots_s_per_byte``: a core that reads lines
-another core has just written, or writes lines another core has read, waits for them to move
-between the caches); and, between bursts of compute as a training step makes the
+measured with two ranks busy); and, between bursts of compute as a training step makes the
 calls (``between_compute=True``), each call's fixed cost measured that way (``sync_s``), and,
 where measured at a few sizes, what a call of n bytes costs there beyond this formula's price
 of the same call back to back (``wake_s``: a rank that blocks while its peers compute pays
@@ -150,12 +146,6 @@ class MachineModel:
             rank alone). The ratio between two world sizes is how the ranks share the cores
             and the memory.
         add_s_per_byte: the same for one reduction pass ``a += b`` over n bytes.
-        copy_slots_s_per_byte, add_slots_s_per_byte: per world size p, per size n, the
-            seconds per byte of n bytes copied into a slot of shared memory (reduced with a
-            peer's slot) a chunk at a time between waits for the peers, all p ranks at once,
-            in one rank's own time: the passes of labkit_shm's rounds. Measured where each
-            rank has a core (p ≤ cores); elsewhere such passes are priced as back to back,
-            whose rates count ranks taking turns on a core.
         compute_share: per world size p, how much slower compute-bound work (a small matrix
             product) runs while p ranks do it at once than on one rank alone.
         backends: the backends by name.
@@ -172,26 +162,17 @@ class MachineModel:
     gamma: float = 0.0
     flops: float | None = None
     name: str = ""
-    copy_slots_s_per_byte: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
-    add_slots_s_per_byte: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cores < 1 or self.gamma < 0:
             raise ValueError(f"need cores >= 1 and gamma >= 0, got {self.cores}, {self.gamma}")
 
-    def copy_rate(self, world_size: int, n_bytes: float, through_slots: bool = False) -> float:
-        """Seconds per byte of a copy of ``n_bytes`` while ``world_size`` ranks copy (into
-        slots of shared memory between waits, if asked and measured on this many ranks)."""
-        if through_slots and self.copy_slots_s_per_byte.get(world_size):
-            return _interp(self.copy_slots_s_per_byte[world_size], n_bytes)
+    def copy_rate(self, world_size: int, n_bytes: float) -> float:
+        """Seconds per byte of a copy of ``n_bytes`` while ``world_size`` ranks copy."""
         return _lookup(self.copy_s_per_byte, world_size, n_bytes, self.cores)
 
-    def add_rate(self, world_size: int, n_bytes: float, through_slots: bool = False) -> float:
-        """Seconds per byte of ``a += b`` over ``n_bytes`` while ``world_size`` ranks do it
-        (with a peer's slot of shared memory between waits, if asked and measured on this
-        many ranks)."""
-        if through_slots and self.add_slots_s_per_byte.get(world_size):
-            return _interp(self.add_slots_s_per_byte[world_size], n_bytes)
+    def add_rate(self, world_size: int, n_bytes: float) -> float:
+        """Seconds per byte of ``a += b`` over ``n_bytes`` while ``world_size`` ranks do it."""
         return _lookup(self.add_s_per_byte, world_size, n_bytes, self.cores)
 
     def share(self, world_size: int, n_bytes: float, base: int = 1) -> float:
@@ -315,8 +296,8 @@ def collective_terms(
         "overhead": b.overhead(op, p, between_compute, n, world),
         "rounds": extra * b.round_s.get(p, 0.0) + wire_share * r.messages * b.alpha,
         "wire": wire_share * r.wire * n * b.beta * (b.duplex if r.exchange else 1.0),
-        "copy": r.copy * n * machine.copy_rate(p, n, r.through_slots),
-        "reduce": r.reduce * n * machine.add_rate(p, n, r.through_slots),
+        "copy": r.copy * n * machine.copy_rate(p, n),
+        "reduce": r.reduce * n * machine.add_rate(p, n),
     }
 
 

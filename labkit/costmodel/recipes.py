@@ -75,9 +75,6 @@ class Recipe:
         messages: point-to-point messages on the critical path beyond those of the
             smallest call (which the measured per-call cost covers), α each: not per byte.
         source: where in the implementation this comes from.
-        through_slots: the copies and reductions go through slots of shared memory, a
-            chunk at a time between waits for the peers (labkit_shm): priced at the rates
-            measured that way, not at those of back-to-back passes over private buffers.
     """
 
     wire: float = 0.0
@@ -88,7 +85,6 @@ class Recipe:
     extra_rounds: int = 0
     messages: float = 0.0
     source: str = ""
-    through_slots: bool = False
 
     def rounds(self, n_bytes: float, chunk_bytes: float) -> int:
         """Rounds of a call of ``n_bytes`` (at least one)."""
@@ -137,27 +133,20 @@ def _shm(op: str, p: int, n_bytes: float) -> Recipe:
     f = (p - 1) / p
     if op == "all_reduce":
         if n_bytes <= SHM_ONE_SHOT_BYTES:
-            return Recipe(
-                copy=1, reduce=p - 1, chunked=1, through_slots=True, source="labkit_shm one-shot"
-            )
+            return Recipe(copy=1, reduce=p - 1, chunked=1, source="labkit_shm one-shot")
         return Recipe(
             copy=2 * f + 1 / p,
             reduce=f,
             chunked=1,
             extra_rounds=1,
-            through_slots=True,
             source="labkit_shm reduce-scatter + all-gather, pipelined",
         )
     if op == "all_gather":
-        return Recipe(
-            copy=1 + 1 / p, chunked=1 / p, through_slots=True, source="labkit_shm all-gather"
-        )
+        return Recipe(copy=1 + 1 / p, chunked=1 / p, source="labkit_shm all-gather")
     if op == "reduce_scatter":
-        return Recipe(
-            copy=1, reduce=f, chunked=1, through_slots=True, source="labkit_shm reduce-scatter"
-        )
+        return Recipe(copy=1, reduce=f, chunked=1, source="labkit_shm reduce-scatter")
     if op == "broadcast":
-        return Recipe(copy=1, chunked=1, through_slots=True, source="labkit_shm broadcast")
+        return Recipe(copy=1, chunked=1, source="labkit_shm broadcast")
     raise ValueError(f"no labkit_shm recipe for {op!r}; known: all_reduce, all_gather, ...")
 
 
