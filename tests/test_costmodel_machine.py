@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -106,14 +107,21 @@ def test_gloo_all_reduce_terms_by_hand():
     assert t["copy"] == 0
     # 4 segments (2p) of 256 KiB: 4 messages where one float's call sends 2(p−1) = 2
     assert math.isclose(t["rounds"], 2 * 50e-6)
-    # 4 ranks: the wire slows down as copies do from 2 to 4 ranks (×2); overhead unmeasured:
-    t4 = collective_terms(MACHINE, "gloo", "all_reduce", n, 4)
+    # 4 ranks on 2 cores: two ranks take turns on each core, the wire's time ×2 — not the
+    # copies' slow-down from 2 to 4 ranks (here ×3); overhead unmeasured:
+    copies_x3 = {**COPY, 4: {MB: 6e-9}}
+    t4 = collective_terms(
+        dataclasses.replace(MACHINE, copy_s_per_byte=copies_x3), "gloo", "all_reduce", n, 4
+    )
     assert math.isclose(t4["wire"], 1.5 * n * 0.5e-9 * 2.0 * 2)
     assert math.isclose(t4["overhead"], 6 * 50e-6)  # 2(p−1) steps of α
     assert math.isclose(t4["rounds"], (12 - 6) * 50e-6 * 2)  # 8 segments: 2·(8 − 2) messages
     assert math.isclose(
         predict_collective(MACHINE, "gloo", "all_reduce", n, 4), sum(t4.values()), rel_tol=1e-12
     )
+    assert collective_terms(
+        MachineModel(cores=4, backends={"gloo": GLOO}), "gloo", "all_reduce", n, 4
+    )["wire"] == pytest.approx(1.5 * n * 0.5e-9 * 2.0)  # a core each
 
 
 def test_shm_terms_by_hand():
@@ -145,8 +153,8 @@ def test_rates_interpolate_in_log_size_and_scale_unmeasured_ranks():
     assert m.copy_rate(2, MB) == 1e-9 and m.copy_rate(2, 2 * MB) == pytest.approx(2e-9)
     assert m.copy_rate(2, 64) == 1e-9 and m.copy_rate(2, 64 * MB) == 3e-9  # clamped
     assert m.copy_rate(8, MB) == pytest.approx(4e-9)  # 8 ranks on 2 cores: ×4 over 2 ranks
-    assert m.share(2, MB) == 1.0  # nothing measured alone: no sharing to report
-    assert MACHINE.share(4, MB, base=2) == 2.0
+    assert MACHINE.turns(4, base=2) == 2.0 and MACHINE.turns(2, base=2) == 1.0
+    assert MACHINE.turns(8) == 4.0 and MachineModel(cores=16).turns(8, base=2) == 1.0
     assert MACHINE.compute_share_at(4) == 2.0 and MACHINE.compute_share_at(8) == 4.0
 
 

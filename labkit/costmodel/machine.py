@@ -11,18 +11,23 @@ ranks. A ``MachineModel`` holds each of these as a number measured on the machin
 (``labkit.bench.calibrate`` measures them, ``labkit.costmodel.calibrate`` turns the
 measurements into this model), and ``predict_collective`` adds them up::
 
-    t = overhead(op, p) + (rounds − 1)·round_s(p) + messages·α·c(p, n)/c(2, n)
-        + wire·n·β·[duplex]·c(p, n)/c(2, n) + copy·n·c(p, n) + reduce·n·a(p, n)
+    t = overhead(op, p) + (rounds − 1)·round_s(p) + messages·α·s(p)
+        + wire·n·β·[duplex]·s(p) + copy·n·c(p, n) + reduce·n·a(p, n)
 
 with the recipe's counts per byte of n (and its messages beyond the smallest call's: gloo's
 ring cuts a buffer into more segments than p); c(p, n) and a(p, n) the seconds per byte of one
 copy and of one ``a += b`` of n bytes while p ranks do the same at once (how ranks share the
-cores and the memory, measured: the ratio c(p, n)/c(2, n) slows the wire, whose β was
-measured with two ranks busy); and, between bursts of compute as a training step makes the
-calls (``between_compute=True``), each call's fixed cost measured that way (``sync_s``), and,
-where measured at a few sizes, what a call of n bytes costs there beyond this formula's price
-of the same call back to back (``wake_s``: a rank that blocks while its peers compute pays
-for being woken, in each step of the call that waits; how much depends on the size).
+cores and the memory, measured); s(p) = max(1, p/cores) / max(1, 2/cores), how many times as
+many ranks take turns on a core as when α and β were measured on 2 ranks (a socket's bytes
+are the kernel's work on the sending and the receiving core: on 4 ranks of 2 cores, in four
+rounds of ``benchmarks/collective_model.py``'s launches with both priced on the same
+measurements, gloo's rows came closer in 14 of 16 row-rounds with s(p) than with the copy
+rates' ratio c(p, n)/c(2, n), which also counts the memory's contention at n); and, between
+bursts of compute as a training step makes the calls (``between_compute=True``), each call's
+fixed cost measured that way (``sync_s``), and, where measured at a few sizes, what a call of
+n bytes costs there beyond this formula's price of the same call back to back (``wake_s``: a
+rank that blocks while its peers compute pays for being woken, in each step of the call that
+waits; how much depends on the size).
 ``MachineModel.from_network`` builds the same object from a preset network
 (and a device's FLOP/s) for what-if questions at cluster scale, where it reduces to the
 textbook α-β-γ formulas (``predict``) with no per-call overhead and no sharing.
@@ -175,11 +180,10 @@ class MachineModel:
         """Seconds per byte of ``a += b`` over ``n_bytes`` while ``world_size`` ranks do it."""
         return _lookup(self.add_s_per_byte, world_size, n_bytes, self.cores)
 
-    def share(self, world_size: int, n_bytes: float, base: int = 1) -> float:
-        """How much slower memory-bound work of ``n_bytes`` runs on ``world_size`` ranks than
-        on ``base`` ranks (copy rates' ratio; 1 when nothing was measured)."""
-        here, there = self.copy_rate(world_size, n_bytes), self.copy_rate(base, n_bytes)
-        return here / there if here and there else 1.0
+    def turns(self, world_size: int, base: int = 1) -> float:
+        """How many times as many ranks share each core with ``world_size`` ranks as with
+        ``base``: max(1, p/cores) / max(1, base/cores)."""
+        return max(1.0, world_size / self.cores) / max(1.0, base / self.cores)
 
     def compute_share_at(self, world_size: int) -> float:
         """The compute sharing factor for ``world_size`` ranks: measured, else max(1, p/cores)."""
@@ -290,8 +294,9 @@ def collective_terms(
     chunk = b.chunk_bytes.get(p, 0)
     # the smallest call's rounds (its own recipe's: one-shot) are in its measured overhead
     extra = r.rounds(n, chunk) - recipe(b.kind, op, p, 0).rounds(0, chunk)
-    # β was measured with 2 ranks busy: the wire slows down as copies do beyond that
-    wire_share = machine.share(p, n, base=2)
+    # α and β were measured with 2 ranks busy; a socket's bytes are the kernel's work on the
+    # sending and the receiving core, so beyond 2 ranks they slow as more ranks share a core
+    wire_share = machine.turns(p, base=2)
     return {
         "overhead": b.overhead(op, p, between_compute, n, world),
         "rounds": extra * b.round_s.get(p, 0.0) + wire_share * r.messages * b.alpha,
