@@ -4,9 +4,10 @@ Run:  .venv/bin/python benchmarks/shm_rates.py [--world-size 2] [--reps 30]
 
 The collective model prices labkit_shm's reduction at the calibration's rate for n bytes: one
 ``b += a`` over two private buffers of n bytes, on every rank at once
-(``labkit/bench_calibrate.py``). labkit_shm's one-shot all_reduce instead writes its tensor's
-chunk into its slot in shared memory, waits for its peers, and reduces every rank's slot into
-its tensor: three buffers, two of them written a moment before, one by another core
+(``labkit/bench_calibrate.py``). labkit_shm's one-shot all_reduce (up to 256 KiB; above it the
+work is split into a reduce-scatter and an all-gather) instead writes its tensor's chunk into
+its slot in shared memory, waits for its peers, and reduces every rank's slot into its tensor:
+three buffers, two of them written a moment before, one by another core
 (``labkit/backends/_shm/allreduce.py``). Per size, on every rank at once (a barrier before each
 sample; the median of ``--reps``, in GB/s of n): the calibration's ``b += a``; ``dst = slot +
 src`` reading this rank's own slot just written; the same reading the next rank's slot.
