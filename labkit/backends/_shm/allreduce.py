@@ -4,9 +4,9 @@ Introduced in notebooks/04_custom_backend.ipynb.
 
 Every rank copies its chunk into its slot (only the pieces its peers reduce, on the second
 path); then either every rank reduces all slots itself ("one-shot": one round per chunk; for
-small tensors, up to ``ONE_SHOT_BYTES``), or rank r reduces
-piece r of every slot into its own slot (reduce-scatter) and everyone copies the reduced
-pieces out (all-gather), so a rank reads about 3x the chunk instead of n x. The second path is
+tensors up to ``ONE_SHOT_BYTES``), or rank r reduces piece r of every slot into its own slot
+(reduce-scatter) and everyone copies the reduced pieces out (all-gather), so a rank reads
+about 3x the chunk instead of n x. The second path is
 pipelined: chunk k's reduce-scatter and chunk k-1's all-gather share a round. Either way every
 element is reduced by one code path in one order, so all ranks hold bit-identical results.
 

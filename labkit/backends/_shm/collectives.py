@@ -26,7 +26,8 @@ from labkit.backends._shm.describe import OpDesc, check_descriptors
 # two. Above it all_reduce splits the work (reduce-scatter + all-gather, pipelined) on any
 # number of ranks: on 2 and 3 ranks of a 2-core machine, fastest of 11 calls, one-shot took
 # 1.1-1.6x the time of the split from 512 KiB to 16 MiB (2 ranks: 2.53 against 2.06 ms at
-# 16 MiB) — fewer bytes cross between the cores' caches per rank, and the rounds pipeline.
+# 16 MiB; benchmarks/RESULTS.md) — a rank copies into shared memory only the pieces its peers
+# reduce, and chunk k's reduce-scatter shares a round with chunk k-1's all-gather.
 # LABKIT_SHM_ONE_SHOT_BYTES overrides the size (0: always split, whatever the world size).
 ONE_SHOT_BYTES = 256 << 10
 # reduce (to one root) stays one-shot up to this many ranks at any size: there only the root
