@@ -12,9 +12,7 @@ CPU is woken by the host). ``lk.bench.calibrate`` runs these probes in each of i
   one on while all compute);
 - ``sized``: the same at ``WAKE_SIZES`` (a layer's activations, a unit's parameters), and, on
   an even world above 2 ranks, each collective on pairs that call at once (tp or dp groups
-  of 2 inside a larger run), every second pair half a burst behind the first: nothing in a
-  step keeps two pairs in step, and while one pair waits in its call the other computes
-  (in lockstep all four ranks would wait at once, which a step does not do).
+  of 2 inside a larger run).
 
 Every sample is one iteration's time from the first rank's start to the last rank's end,
 each call interleaved with the others rep by rep (the load drifts), and the bursts alone
@@ -49,31 +47,19 @@ def makespan(starts: list[float], ends: list[float]) -> list[float]:
     return [float(t[k + i] + t[i]) for i in range(k)]
 
 
-def _per_iteration(
-    calls: dict, iters: int, reps: int, late: dict | None = None
-) -> dict[Any, list[float]]:
+def _per_iteration(calls: dict, iters: int, reps: int) -> dict[Any, list[float]]:
     """Per call, ``reps`` samples of ``iters`` calls in a row, the calls interleaved rep by
-    rep: per iteration, from the first rank's start to the last one's end.
-
-    ``late`` maps a call to what this rank does first, inside the timed span (half a burst
-    on the ranks that start behind, nothing on the others); every rank passes the same keys,
-    and those samples lose half a burst alone (``calls["none"]``'s sample) over ``iters``."""
-    late = late or {}
+    rep: per iteration, from the first rank's start to the last one's end."""
     starts: dict[Any, list[float]] = {k: [] for k in calls}
     ends: dict[Any, list[float]] = {k: [] for k in calls}
     for _ in range(reps):
         for name, call in calls.items():
             dist.barrier()
             starts[name].append(time.perf_counter())
-            if name in late:
-                late[name]()
             for _ in range(iters):
                 call()
             ends[name].append(time.perf_counter())
-    per = {k: [t / iters for t in makespan(starts[k], ends[k])] for k in calls}
-    for k in late:  # the half burst the late ranks ran first, as long as a burst alone / 2
-        per[k] = [t - b / 2 / iters for t, b in zip(per[k], per["none"], strict=True)]
-    return per
+    return {k: [t / iters for t in makespan(starts[k], ends[k])] for k in calls}
 
 
 def _burster(units: int = BURST) -> Callable[[], None]:
@@ -171,7 +157,4 @@ def sized(iters: int, reps: int) -> dict[tuple[str, int, int], tuple[list, list]
     hops = [h for h in HOPS if h != "p2p" or p % 2 == 0]
     keys += [(h, n, p) for h in hops for n in WAKE_SIZES]
     runs: dict[Any, Callable[[], Any]] = {"none": burst} | {k: call(*k) for k in keys}
-    behind = dist.get_rank() // 2 % 2 == 1  # every second pair starts half a burst late
-    half = _burster(BURST // 2) if behind else lambda: None
-    late = {k: half for k in keys if k[2] < p}
-    return _with_bursts(_per_iteration(runs, iters, reps, late), keys)
+    return _with_bursts(_per_iteration(runs, iters, reps), keys)

@@ -35,10 +35,9 @@ FSDP2, m micro-batches) with a ``MachineModel``, term by term, each term what th
 Every collective is ``labkit.costmodel.predict_collective`` on its group's size, with the
 fixed cost a call pays between bursts of compute (``sync_s`` and ``wake_s``, calibrated so);
 a group smaller than the world runs while the other groups' ranks also want the cores: its
-call is priced as measured with every group calling at once (each pair half a burst of
-compute behind the one before: the groups are not in step, and one computes while another
-waits) where the calibration measured groups of its size inside this world (``wake_s``), else
-scaled by the compute sharing of the world over that of the group.
+call is priced as measured with every group calling at once where the calibration measured
+groups of its size inside this world (``wake_s``), else scaled by the compute sharing of the
+world over that of the group.
 
 Pure arithmetic, no torch.
 """
@@ -102,7 +101,7 @@ class _Pricer:
         if group <= 1:
             return 0.0
         if group < self.world and (op, group, self.world) in m.backend(self.backend).wake_s:
-            # measured so: every group calling at once, out of step, beside the others' compute
+            # measured so: every group calling at once while the others compute
             return predict_collective(m, self.backend, op, n_bytes, group, True, self.world)
         t = predict_collective(m, self.backend, op, n_bytes, group, between_compute=True)
         return t * m.compute_share_at(self.world) / m.compute_share_at(group)

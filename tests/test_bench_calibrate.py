@@ -100,24 +100,3 @@ def test_add_launch_pools_the_sized_calls_by_group_and_world():
         ("all_reduce", 4, 1 << 17, 4): ([3.0, 30.0], [1.0, 10.0]),
         ("all_reduce", 2, 1 << 17, 4): ([2.0, 20.0], [1.0, 10.0]),  # pairs inside 4 ranks
     }
-
-
-def late_start(rank: int, world_size: int) -> dict:
-    """``_per_iteration`` with rank 1 starting half a 4 ms sleep late on one of two calls."""
-    import torch.distributed as dist
-
-    from labkit.bench_between import _per_iteration
-
-    def nap() -> None:
-        time.sleep(4e-3)
-
-    late = {"late": (lambda: time.sleep(2e-3)) if dist.get_rank() == 1 else (lambda: None)}
-    return _per_iteration({"none": nap, "late": nap}, 4, 5, late)
-
-
-def test_a_late_start_is_taken_out_of_the_samples():
-    per = lk.launch(late_start, 2, backend="gloo")[0]
-    none, late = sorted(per["none"])[2], sorted(per["late"])[2]
-    # uncorrected, the late call would read 4 + 2/4 = 4.5 ms per iteration
-    assert abs(late - none) < 0.25e-3, (late, none)
-    assert none >= 4e-3

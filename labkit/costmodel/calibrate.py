@@ -20,8 +20,7 @@ the numbers they were made from:
   per byte; in eight 2-rank calibrations in a row on 2 cores, each size alone had a standard
   deviation of 0.17–0.80 ms, the line 0.19–0.64 ms) — with sync_s − overhead as its smallest
   size's; wake_s(op, 2, n, world) the same for pairs calling at once inside a larger world (tp
-  or dp groups of 2 in a 2-D run), every second pair half a burst behind, as nothing in a
-  step keeps the groups in step;
+  or dp groups of 2 in a 2-D run);
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
