@@ -12,7 +12,10 @@ CPU is woken by the host). ``lk.bench.calibrate`` runs these probes in each of i
   one on while all compute);
 - ``sized``: the same at ``WAKE_SIZES`` (a layer's activations, a unit's parameters), and, on
   an even world above 2 ranks, each collective on pairs that call at once (tp or dp groups
-  of 2 inside a larger run).
+  of 2 inside a larger run) — and what each pair's call costs its ranks' CPU (their
+  processes' CPU time, every thread's, per burst with the call less per burst without it):
+  a call inside a step's forward or backward takes that from the cores, while the other
+  pairs compute through its waits.
 
 Every sample is one iteration's time from the first rank's start to the last rank's end,
 each call interleaved with the others rep by rep (the load drifts), and the bursts alone
@@ -47,18 +50,32 @@ def makespan(starts: list[float], ends: list[float]) -> list[float]:
     return [float(t[k + i] + t[i]) for i in range(k)]
 
 
-def _per_iteration(calls: dict, iters: int, reps: int) -> dict[Any, list[float]]:
+def _per_iteration(
+    calls: dict, iters: int, reps: int, cpu: dict | None = None
+) -> dict[Any, list[float]]:
     """Per call, ``reps`` samples of ``iters`` calls in a row, the calls interleaved rep by
-    rep: per iteration, from the first rank's start to the last one's end."""
+    rep: per iteration, from the first rank's start to the last one's end.
+
+    ``cpu``, if given, gets per call the CPU seconds per iteration of the ranks' processes
+    (``time.process_time``: every thread, the backend's included), the mean over ranks."""
     starts: dict[Any, list[float]] = {k: [] for k in calls}
     ends: dict[Any, list[float]] = {k: [] for k in calls}
+    used: dict[Any, list[float]] = {k: [] for k in calls}
     for _ in range(reps):
         for name, call in calls.items():
             dist.barrier()
             starts[name].append(time.perf_counter())
+            c0 = time.process_time()
             for _ in range(iters):
                 call()
+            used[name].append(time.process_time() - c0)
             ends[name].append(time.perf_counter())
+    if cpu is not None:
+        keys = list(calls)
+        t = torch.tensor([c for k in keys for c in used[k]], dtype=torch.float64)
+        dist.all_reduce(t)
+        mean = (t / dist.get_world_size() / iters).tolist()
+        cpu.update({k: mean[i * reps : (i + 1) * reps] for i, k in enumerate(keys)})
     return {k: [t / iters for t in makespan(starts[k], ends[k])] for k in calls}
 
 
@@ -131,10 +148,11 @@ def between(iters: int, reps: int) -> dict[str, tuple[list[float], list[float]]]
     return _with_bursts(_per_iteration(calls, iters, reps), [k for k in calls if k != "none"])
 
 
-def sized(iters: int, reps: int) -> dict[tuple[str, int, int], tuple[list, list]]:
+def sized(iters: int, reps: int) -> tuple[dict, dict]:
     """``WAKE_OPS`` and ``HOPS`` at ``WAKE_SIZES`` between short bursts of compute, by
     ``(op, bytes, group size)``: ``(per burst with it, without)``; collectives on the world
-    and, on an even world above 2, on pairs calling at once."""
+    and, on an even world above 2, on pairs calling at once. Second, for the pairs' calls,
+    the same in CPU seconds of a rank's process (the mean over ranks)."""
     p, burst = dist.get_world_size(), _burster()
     groups = {p: None}
     if p > 2 and p % 2 == 0:  # every rank creates every group, in the same order
@@ -157,4 +175,6 @@ def sized(iters: int, reps: int) -> dict[tuple[str, int, int], tuple[list, list]
     hops = [h for h in HOPS if h != "p2p" or p % 2 == 0]
     keys += [(h, n, p) for h in hops for n in WAKE_SIZES]
     runs: dict[Any, Callable[[], Any]] = {"none": burst} | {k: call(*k) for k in keys}
-    return _with_bursts(_per_iteration(runs, iters, reps), keys)
+    used: dict = {}
+    wall = _with_bursts(_per_iteration(runs, iters, reps, used), keys)
+    return wall, _with_bursts(used, [k for k in keys if k[2] < p])

@@ -165,7 +165,9 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     reps = 5 if fast else 9  # calls between bursts vary the most: a median of more samples
     # the calls between bursts first (a step's prices): the back-to-back probes then stay
     # seconds before what a launch measures after them (``then``), as they always were
-    out: dict = {"sized": sized(iters, reps), "between": between(iters, reps)}
+    out: dict = {}
+    out["sized"], out["sized_cpu"] = sized(iters, reps)
+    out["between"] = between(iters, reps)
     out["tiny"] = _tiny(iters)
     pg = dist.group.WORLD
     out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
@@ -249,9 +251,11 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
     for op, (with_op, without) in r["between"].items():
         old = bp.between.get((op, p), ([], []))
         bp.between[(op, p)] = ([*old[0], *with_op], [*old[1], *without])
-    for (op, n, q), samples in r.get("sized", {}).items():
-        old = bp.sized.get((op, q, n, p), ([], []))
-        bp.sized[(op, q, n, p)] = tuple([*o, *s] for o, s in zip(old, samples, strict=True))
+    for name in ("sized", "sized_cpu"):
+        table = getattr(bp, name)
+        for (op, n, q), samples in r.get(name, {}).items():
+            old = table.get((op, q, n, p), ([], []))
+            table[(op, q, n, p)] = tuple([*o, *s] for o, s in zip(old, samples, strict=True))
     bp.chunk_bytes[p] = r["chunk_bytes"]
     if "p2p" in r:
         bp.p2p = pool_rows(bp.p2p, r["p2p"])

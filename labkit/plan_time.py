@@ -37,7 +37,12 @@ fixed cost a call pays between bursts of compute (``sync_s`` and ``wake_s``, cal
 a group smaller than the world runs while the other groups' ranks also want the cores: its
 call is priced as measured with every group calling at once where the calibration measured
 groups of its size inside this world (``wake_s``), else scaled by the compute sharing of the
-world over that of the group.
+world over that of the group. With more ranks than cores, a group's call inside forward or
+backward (tp's all-reduces, ZeRO-3's gathers) costs instead the CPU time it was measured to
+take (``cpu_s``) times the ranks taking turns on a core (``MachineModel.turns``): nothing keeps
+the groups in step there, and while one pair waits in its call the other computes on the core
+it left — the step is as long as the cores' work. The calls after backward (dp, clip) find
+every group arriving at once, as measured.
 
 Pure arithmetic, no torch.
 """
@@ -94,12 +99,18 @@ class _Pricer:
     def __init__(self, machine: MachineModel, backend: str, world: int) -> None:
         self.machine, self.backend, self.world = machine, backend, world
 
-    def __call__(self, op: str, n_bytes: float, group: int) -> float:
+    def __call__(self, op: str, n_bytes: float, group: int, inside: bool = False) -> float:
         m = self.machine
         if op in ("p2p", P2P_BUSY):  # a hop: measured while the whole world passes messages
             return predict_collective(m, self.backend, op, n_bytes, self.world, True)
         if group <= 1:
             return 0.0
+        cpu = m.backend(self.backend).cpu(op, group, self.world, n_bytes) if inside else None
+        if cpu is not None and group < self.world > m.cores:
+            # inside forward or backward, out of step with the other groups, on too few cores:
+            # the step pays what the call takes from the cores, the others compute through
+            # its waits
+            return cpu * m.turns(self.world)
         if group < self.world and (op, group, self.world) in m.backend(self.backend).wake_s:
             # measured so: every group calling at once while the others compute
             return predict_collective(m, self.backend, op, n_bytes, group, True, self.world)
@@ -160,12 +171,16 @@ def step_time(
         f = sum(w.layers[i].time_s(tokens, tp)[0] for i in layers) * scale
         b = sum(w.layers[i].time_s(tokens, tp)[1] for i in layers) * scale
         act = tokens * max(w.layers[layers[0]].width, 1) * eb
-        tf = sum(w.layers[i].tp_rowwise for i in layers) * price("all_reduce", act, tp)
-        tb = sum(w.layers[i].tp_colwise for i in layers) * price("all_reduce", act, tp)
+        call = price("all_reduce", act, tp, inside=True)
+        tf = sum(w.layers[i].tp_rowwise for i in layers) * call
+        tb = sum(w.layers[i].tp_colwise for i in layers) * call
         g = 0.0
         if zero == 3:  # every unit gathered before its forward and before its backward
             frac = w.local_numel(layers, tp) / max(1, w.local_numel(layers))
-            g = sum(price("all_gather", _padded(u, dp, frac) * eb, dp) for u in w.units(layers))
+            g = sum(
+                price("all_gather", _padded(u, dp, frac) * eb, dp, inside=True)
+                for u in w.units(layers)
+            )
         fwd.append(f + (tf + g) * scale / share)  # calls priced as they are, not shared again
         bwd.append(b + (tb + g) * scale / share)
         tp_s, gathers = max(tp_s, m * (tf + tb)), max(gathers, 2 * m * g)

@@ -34,6 +34,7 @@ def test_fast_calibration_measures_every_term():
     assert {op for op, _ in shm.sync_s} == {*OPS[:3], "p2p", "p2p_busy"}
     # and at the sizes a step's calls have: on 2 ranks no pairs inside a larger world
     assert set(shm.wake_s) == {(op, 2) for op in (*WAKE_OPS, *HOPS)}
+    assert shm.cpu_s == {}  # the CPU of pairs' calls: inside a larger world only
     assert all(set(shm.wake_s[(op, 2)]) == {8, *WAKE_SIZES} for op in WAKE_OPS)
     assert all(set(shm.wake_s[(op, 2)]) == {4, *WAKE_SIZES} for op in HOPS)  # one float
     for op in WAKE_OPS:  # priced there as measured, never below back to back
@@ -94,9 +95,33 @@ def test_add_launch_pools_the_sized_calls_by_group_and_world():
             ("all_reduce", 1 << 17, 4): ([3 * scale], [scale]),
             ("all_reduce", 1 << 17, 2): ([2 * scale], [scale]),
         }
+        launch["sized_cpu"] = {("all_reduce", 1 << 17, 2): ([scale / 2], [scale / 4])}
         add_launch(probes, "gloo", 4, launch)
     (bp,) = probes.backends
     assert bp.sized == {
         ("all_reduce", 4, 1 << 17, 4): ([3.0, 30.0], [1.0, 10.0]),
         ("all_reduce", 2, 1 << 17, 4): ([2.0, 20.0], [1.0, 10.0]),  # pairs inside 4 ranks
     }
+    assert bp.sized_cpu == {("all_reduce", 2, 1 << 17, 4): ([0.5, 5.0], [0.25, 2.5])}
+
+
+def cpu_of_calls(rank: int, world_size: int) -> dict:
+    """``_per_iteration``'s CPU seconds of a call that sleeps 3 ms and one that works 3 ms."""
+    from labkit.bench_between import _per_iteration
+
+    def work() -> None:
+        t0 = time.process_time()
+        while time.process_time() - t0 < 3e-3:
+            pass
+
+    used: dict = {}
+    wall = _per_iteration({"sleep": lambda: time.sleep(3e-3), "work": work}, 3, 3, used)
+    return {"wall": wall, "cpu": used}
+
+
+def test_the_cpu_a_call_costs_is_its_processes_cpu_time_not_its_wait():
+    got = lk.launch(cpu_of_calls, 2, backend="gloo")[0]
+    assert all(len(v) == 3 for v in got["cpu"].values())  # a sample per rep
+    assert min(got["cpu"]["work"]) >= 3e-3  # the mean over both ranks, each ≥ 3 ms
+    assert max(got["cpu"]["sleep"]) < 1e-3  # waiting costs the CPU (almost) nothing
+    assert min(got["wall"]["sleep"]) >= 3e-3

@@ -162,6 +162,8 @@ def test_the_wake_of_calls_between_bursts_is_the_line_through_the_sizes_measured
 def test_pool_puts_every_terms_samples_of_several_calibrations_together():
     a, b = make_probes(seed=1), make_probes(seed=2)
     b.backends[0].sized = {("all_reduce", 2, MB, 2): ([3e-3], [1e-3])}
+    a.backends[0].sized_cpu = {("all_reduce", 2, MB, 4): ([2e-3], [1e-3])}
+    b.backends[0].sized_cpu = {("all_reduce", 2, MB, 4): ([4e-3], [1e-3])}
     both = pool(a, b)
     assert both.cores == 2 and [x.name for x in both.backends] == ["gloo", "labkit_shm"]
     for name in ("copy", "add"):
@@ -176,6 +178,7 @@ def test_pool_puts_every_terms_samples_of_several_calibrations_together():
     assert g.exchange[0][1] == [*g1.exchange[0][1], *g2.exchange[0][1]]
     assert g.between[("all_reduce", 2)][0] == [*g1.between[("all_reduce", 2)][0]] * 2
     assert g.sized == {("all_reduce", 2, MB, 2): ([3e-3], [1e-3])}  # measured in one only
+    assert g.sized_cpu == {("all_reduce", 2, MB, 4): ([2e-3, 4e-3], [1e-3, 1e-3])}
     assert both.compute_share[4][1] == [*a.compute_share[4][1], *b.compute_share[4][1]]
     # the fastest of both is the fastest of either; a calibration pooled with itself is itself
     fast = machine_from_probes(both, "min")
@@ -185,3 +188,30 @@ def test_pool_puts_every_terms_samples_of_several_calibrations_together():
     assert machine_from_probes(pool(a, a), "min") == machine_from_probes(a, "min")
     with pytest.raises(ValueError, match="at least one"):
         pool()
+
+
+def test_the_cpu_of_a_pairs_call_is_the_line_through_the_sizes_measured():
+    # CPU seconds per burst with an all-gather of pairs inside 4 ranks, less per burst alone:
+    # 0.4, 0.6 and 0.8 ms at 1, 2 and 3 MB (noisy samples: the medians are these)
+    probes = make_probes()
+    gloo, rng = probes.backends[0], random.Random(3)
+    cpu = {MB: 0.4e-3, 2 * MB: 0.6e-3, 3 * MB: 0.8e-3}
+    burst = 0.3e-3
+    gloo.sized_cpu = {
+        ("all_gather", 2, n, 4): (
+            [burst + t, burst + t - 1e-5, burst + t + 1e-5 * rng.random()],
+            [burst, burst - 1e-5, burst + 1e-5],
+        )
+        for n, t in cpu.items()
+    }
+    b = machine_from_probes(probes, "median").backend("gloo")
+    assert set(b.cpu_s) == {("all_gather", 2, 4)}
+    assert [b.cpu_s[("all_gather", 2, 4)][n] for n in cpu] == pytest.approx(list(cpu.values()))
+    assert b.cpu("all_gather", 2, 4, 1.5 * MB) == pytest.approx(0.5e-3, rel=0.05)  # log-linear
+    assert b.cpu("all_gather", 2, 4, 64 * MB) == pytest.approx(0.8e-3)  # constant beyond
+    assert b.cpu("all_reduce", 2, 4, MB) is None  # not measured
+    # a call that costs less CPU than the bursts alone (noise) costs none
+    gloo.sized_cpu = {("all_gather", 2, MB, 4): ([burst - 1e-5], [burst])}
+    assert machine_from_probes(probes, "median").backend("gloo").cpu_s[("all_gather", 2, 4)] == {
+        MB: 0.0
+    }

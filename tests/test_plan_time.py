@@ -345,3 +345,27 @@ def test_a_groups_call_inside_a_larger_world_is_priced_as_measured_there():
     back_to_back = predict_collective(m, "gloo", "all_reduce", n, 2)
     assert _Pricer(m, "gloo", 4)("all_reduce", n, 2) == pytest.approx(back_to_back + 2e-3)
     assert _Pricer(m, "gloo", 2)("all_reduce", n, 2) == pytest.approx(alone)  # its own world
+
+
+def test_calls_inside_forward_and_backward_cost_their_cpu_on_too_few_cores():
+    # DP×TP on 4 ranks, 2 cores: the tp pairs' all-reduces and ZeRO-3's gathers come inside
+    # forward and backward, out of step with the other pair, which computes through their
+    # waits: each costs its CPU time × the ranks taking turns on a core (4 / 2); the dp and
+    # clip calls after backward keep their price as measured with every group at once
+    n = 40 * 4 * 4  # tokens of a micro-batch × width × 4 bytes: a tp all-reduce of dp = 2
+    cpu = {("all_reduce", 2, 4): {8: 2e-4, 1 << 20: 2e-4}, ("all_gather", 2, 4): {8: 5e-4}}
+    net = dataclasses.replace(NET, cpu_s=cpu)
+    m = MachineModel(cores=2, compute_share={2: 1.0, 4: 2.0}, backends={"gloo": net})
+    price = _Pricer(m, "gloo", 4)
+    assert price("all_reduce", n, 2, inside=True) == pytest.approx(2e-4 * 2)
+    assert price("all_reduce", n, 2) == pytest.approx(1e-3 * 2)  # after backward: as before
+    assert price("reduce_scatter", n, 2, inside=True) == pytest.approx(3e-3 * 2)  # unmeasured
+    assert price("all_reduce", n, 4, inside=True) == pytest.approx(1e-3)  # the whole world
+    t = step_time(WORK, m, "gloo", ParallelDims(2, 1, 2))
+    assert math.isclose(t.comm["tp"], 12 * 2e-4 * 2)
+    z = step_time(WORK, m, "gloo", ParallelDims(2, 1, 2), zero_stage=3)
+    units = 1 + 3 + 3 + 1
+    assert math.isclose(z.comm["zero3"], 2 * units * 5e-4 * 2)
+    # a core per rank: no one computes on a waiting rank's core: priced as before, not its CPU
+    roomy = dataclasses.replace(m, cores=4)
+    assert _Pricer(roomy, "gloo", 4)("all_reduce", n, 2, inside=True) == pytest.approx(2e-3)

@@ -21,6 +21,10 @@ the numbers they were made from:
   deviation of 0.17–0.80 ms, the line 0.19–0.64 ms) — with sync_s − overhead as its smallest
   size's; wake_s(op, 2, n, world) the same for pairs calling at once inside a larger world (tp
   or dp groups of 2 in a 2-D run);
+- cpu_s(op, 2, world, n): what one such call of a pair costs its rank's CPU (the process's CPU
+  time, every thread's, per burst with the call less per burst without it), on the least-squares
+  line through the sizes: with more ranks than cores, what a call inside forward or backward
+  takes from the cores while the other pairs compute through its waits;
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
@@ -91,6 +95,8 @@ class BackendProbes:
         sized: ``(op, group size, n_bytes, world_size) → (samples with the op, samples
             without)``: per burst of compute with a call of n bytes after it, and per burst
             alone (a group smaller than the world: every group calls at once).
+        sized_cpu: the same for a group smaller than the world, in CPU seconds of a rank's
+            process (every thread), the mean over ranks.
     """
 
     name: str
@@ -101,6 +107,9 @@ class BackendProbes:
     chunk_bytes: dict[int, int] = field(default_factory=dict)
     between: dict[tuple[str, int], tuple[Samples, Samples]] = field(default_factory=dict)
     sized: dict[tuple[str, int, int, int], tuple[Samples, Samples]] = field(default_factory=dict)
+    sized_cpu: dict[tuple[str, int, int, int], tuple[Samples, Samples]] = field(
+        default_factory=dict
+    )
 
 
 @dataclass
@@ -170,6 +179,7 @@ def pool(*many: Probes) -> Probes:
                 mine.tiny[key] = [*mine.tiny.get(key, []), *samples]
             _pairs(mine.between, b.between)
             _pairs(mine.sized, b.sized)
+            _pairs(mine.sized_cpu, b.sized_cpu)
             mine.chunk_bytes.update(b.chunk_bytes)
     return out
 
@@ -215,7 +225,17 @@ def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
         round_s=rounds,
         chunk_bytes=dict(probe.chunk_bytes),
         sync_s=sync,
+        cpu_s=_cpu(probe, stat),
     )
+
+
+def _cpu(probe: BackendProbes, stat: str) -> dict:
+    """``cpu_s``: per ``(op, group, world)``, the CPU seconds a rank spends in one call of a
+    group inside a larger world, on the line through the sizes measured."""
+    cpu: dict = {}
+    for (op, q, n, p), (with_op, without) in probe.sized_cpu.items():
+        cpu.setdefault((op, q, p), {})[n] = max(0.0, pick(with_op, stat) - pick(without, stat))
+    return {key: _line(table) for key, table in cpu.items()}
 
 
 def _line(table: dict[int, float]) -> dict[int, float]:

@@ -78,6 +78,9 @@ class BackendCosts:
             present it prices ``between_compute`` calls: ``overhead_s`` + ``wake_s`` at the
             call's size. Keyed ``(op, group size, world_size)``: the same for a group smaller
             than the world while every group calls at once (pairs inside 4 ranks).
+        cpu_s: per ``(op, group size, world_size)``, ``{n_bytes: seconds}``: the CPU time a
+            rank's process spends in one call of a group smaller than the world, every group
+            calling at once between bursts of compute (between the sizes as ``wake_s``).
     """
 
     name: str
@@ -90,6 +93,7 @@ class BackendCosts:
     chunk_bytes: Mapping[int, int] = field(default_factory=dict)
     sync_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
     wake_s: Mapping[tuple, Mapping[int, float]] = field(default_factory=dict)
+    cpu_s: Mapping[tuple[str, int, int], Mapping[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in (*KINDS, NETWORK_KIND):
@@ -99,6 +103,12 @@ class BackendCosts:
                 f"need alpha >= 0, beta >= 0, duplex >= 1; got {self.alpha}, {self.beta}, "
                 f"{self.duplex}"
             )
+
+    def cpu(self, op: str, group: int, world: int, n_bytes: float) -> float | None:
+        """``cpu_s`` of a call of ``n_bytes`` on ``group`` ranks of ``world`` (None: not
+        measured)."""
+        table = self.cpu_s.get((op, group, world))
+        return _interp(table, max(n_bytes, 1.0)) if table else None
 
     @property
     def latency_us(self) -> float:
