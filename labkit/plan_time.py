@@ -106,7 +106,7 @@ class _Pricer:
         if group <= 1:
             return 0.0
         cpu = m.backend(self.backend).cpu(op, group, self.world, n_bytes) if inside else None
-        if cpu is not None and group < self.world > m.cores:
+        if cpu is not None and group < self.world and self.world > m.cores:
             # inside forward or backward, out of step with the other groups, on too few cores:
             # the step pays what the call takes from the cores, the others compute through
             # its waits
