@@ -24,7 +24,6 @@ it takes, while the other pair computes through its waits.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -39,16 +38,16 @@ import torch.distributed as dist  # noqa: E402
 import labkit as lk  # noqa: E402
 from labkit import bench_between as bb  # noqa: E402
 from labkit.bench_calibrate import _cores  # noqa: E402
+from labkit.costmodel.machine import _interp  # noqa: E402
 
 SIZE = 1 << 16  # a DP×TP step's activations on 4 ranks: 256 tokens × 64 × 4 bytes
 WORLD = 4
 
 
 def _at_size(table: dict[int, float]) -> float:
-    """Log-linear between the probe's 32 KB and 128 KB, at ``SIZE``."""
-    lo, hi = table[1 << 15], table[1 << 17]
-    w = (math.log2(SIZE) - 15) / (17 - 15)
-    return lo + w * (hi - lo)
+    """Log-linear between the probe's sizes (32 and 128 KB), at ``SIZE``, as the model reads
+    its tables."""
+    return _interp(table, SIZE)
 
 
 def rank_fn(rank: int, world: int, rounds: int, steps: int) -> list[dict]:

@@ -28,7 +28,13 @@ import torch.distributed as dist
 from labkit.bench_between import between, makespan, sized
 from labkit.bench_collectives import collective
 from labkit.bench_p2p import p2p_pingpong
-from labkit.costmodel.calibrate import BackendProbes, Probes, machine_from_probes, pool_rows
+from labkit.costmodel.calibrate import (
+    BackendProbes,
+    Probes,
+    machine_from_probes,
+    pool_pairs,
+    pool_rows,
+)
 from labkit.costmodel.machine import MachineModel
 from labkit.costmodel.recipes import KINDS
 from labkit.launcher import launch, settle
@@ -248,14 +254,11 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
     p, r = world_size, result
     for op, samples in r["tiny"].items():
         bp.tiny[(op, p)] = [*bp.tiny.get((op, p), []), *samples]
-    for op, (with_op, without) in r["between"].items():
-        old = bp.between.get((op, p), ([], []))
-        bp.between[(op, p)] = ([*old[0], *with_op], [*old[1], *without])
+    pool_pairs(bp.between, {(op, p): pair for op, pair in r["between"].items()})
     for name in ("sized", "sized_cpu"):
-        table = getattr(bp, name)
-        for (op, n, q), samples in r.get(name, {}).items():
-            old = table.get((op, q, n, p), ([], []))
-            table[(op, q, n, p)] = tuple([*o, *s] for o, s in zip(old, samples, strict=True))
+        pool_pairs(
+            getattr(bp, name), {(op, q, n, p): v for (op, n, q), v in r.get(name, {}).items()}
+        )
     bp.chunk_bytes[p] = r["chunk_bytes"]
     if "p2p" in r:
         bp.p2p = pool_rows(bp.p2p, r["p2p"])
@@ -269,8 +272,7 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
         for kind, table in (("copy", probes.copy), ("add", probes.add)):
             for q, pick_ in ((1, 0), (p, 1)):
                 table[q] = pool_rows(table.get(q, []), [(n, v[pick_]) for n, v in m[kind].items()])
-        old = probes.compute_share.get(p, ([], []))
-        probes.compute_share[p] = ([*old[0], *m["compute"][0]], [*old[1], *m["compute"][1]])
+        pool_pairs(probes.compute_share, {p: m["compute"]})
         # one rank alone, every launch's samples: the machine's own drift (p = 1)
         alone = [*probes.compute_share.get(1, ([], []))[0], *m["compute"][0]]
         probes.compute_share[1] = (alone, alone)

@@ -105,12 +105,13 @@ class _Pricer:
             return predict_collective(m, self.backend, op, n_bytes, self.world, True)
         if group <= 1:
             return 0.0
-        cpu = m.backend(self.backend).cpu(op, group, self.world, n_bytes) if inside else None
-        if cpu is not None and group < self.world and self.world > m.cores:
+        if inside and group < self.world and self.world > m.cores:
             # inside forward or backward, out of step with the other groups, on too few cores:
             # the step pays what the call takes from the cores, the others compute through
             # its waits
-            return cpu * m.turns(self.world)
+            cpu = m.backend(self.backend).cpu(op, group, self.world, n_bytes)
+            if cpu is not None:
+                return cpu * m.turns(self.world)
         if group < self.world and (op, group, self.world) in m.backend(self.backend).wake_s:
             # measured so: every group calling at once while the others compute
             return predict_collective(m, self.backend, op, n_bytes, group, True, self.world)

@@ -58,6 +58,7 @@ __all__ = [
     "machine_from_probes",
     "pick",
     "pool",
+    "pool_pairs",
     "pool_rows",
 ]
 
@@ -141,7 +142,8 @@ def pool_rows(rows: list, more: list) -> list:
     return sorted(have.items())
 
 
-def _pairs(into: dict, more: Mapping) -> None:
+def pool_pairs(into: dict, more: Mapping) -> None:
+    """``key → (samples, samples)`` of ``more`` added to ``into``'s, key by key (in place)."""
     for key, (a, b) in more.items():
         old = into.get(key, ([], []))
         into[key] = ([*old[0], *a], [*old[1], *b])
@@ -165,7 +167,7 @@ def pool(*many: Probes) -> Probes:
             table = getattr(out, name)
             for q, rows in getattr(probes, name).items():
                 table[q] = pool_rows(table.get(q, []), rows)
-        _pairs(out.compute_share, probes.compute_share)
+        pool_pairs(out.compute_share, probes.compute_share)
         for b in probes.backends:
             mine = next((x for x in out.backends if x.name == b.name), None)
             if mine is None:
@@ -173,13 +175,13 @@ def pool(*many: Probes) -> Probes:
                 out.backends.append(mine)
             mine.p2p = pool_rows(mine.p2p, b.p2p)
             exchange = {n: (both, one) for n, both, one in mine.exchange}
-            _pairs(exchange, {n: (both, one) for n, both, one in b.exchange})
+            pool_pairs(exchange, {n: (both, one) for n, both, one in b.exchange})
             mine.exchange = [(n, *v) for n, v in sorted(exchange.items())]
             for key, samples in b.tiny.items():
                 mine.tiny[key] = [*mine.tiny.get(key, []), *samples]
-            _pairs(mine.between, b.between)
-            _pairs(mine.sized, b.sized)
-            _pairs(mine.sized_cpu, b.sized_cpu)
+            pool_pairs(mine.between, b.between)
+            pool_pairs(mine.sized, b.sized)
+            pool_pairs(mine.sized_cpu, b.sized_cpu)
             mine.chunk_bytes.update(b.chunk_bytes)
     return out
 
