@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from _record import machine, publish  # noqa: E402  (this folder: the script's own path)
 
 import labkit as lk  # noqa: E402
+from labkit.bench_handoff import handoff  # noqa: E402
 from labkit.costmodel.calibrate import machine_from_probes, pick  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -45,18 +46,25 @@ BACKENDS = ("gloo", "labkit_shm")
 WORLD_SIZES = (2, 4)
 SIZES = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
 TARGET = 0.25
+HELD = 1.5  # a launch's hand-off held when its slowest is within this of its fastest
 VERBOSE = "--verbose" in sys.argv
 
 
 def _calibrate_and_measure(rank: int, world_size: int, backend: str, iters: int, fast: bool):
     """The calibration's probes, then every collective, twice over, in one launch: the model's
-    inputs and what it predicts are measured seconds apart, as the load drifts."""
+    inputs and what it predicts are measured seconds apart, as the load drifts. The hand-off
+    between ranks 0 and 1 (``labkit/bench_handoff.py``) before, between and after: the state
+    the host kept the cores in."""
     torch.set_num_threads(1)
     out = []
     for _ in range(2):
+        hand = [handoff()]
         probe = lk.bench.probe_rank(rank, world_size, backend == "gloo", fast)
+        hand.append(handoff())
         rows = {c: lk.bench.collective(c, SIZES, iters=iters, warmup=2) for c in OPS}
-        out.append((probe, rows))
+        hand.append(handoff())
+        hand = [h and statistics.median(h["round_s"]) for h in hand]
+        out.append((probe, rows, hand))
     return out
 
 
@@ -101,14 +109,16 @@ def repeat_error(first: dict, second: dict) -> dict:
     return out
 
 
-def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float, dict]:
+def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float, dict, dict]:
     t0 = time.perf_counter()
     probes, halves = lk.costmodel.calibrate.Probes(cores=len(os.sched_getaffinity(0))), ({}, {})
+    hands = {}  # (backend, p) → the launch's hand-offs, seconds
     for b in ("gloo", *[x for x in BACKENDS if x != "gloo"]):  # gloo also probes the machine
         for p in WORLD_SIZES:
             got = lk.launch(_calibrate_and_measure, p, backend=b, args=(b, iters, fast),
                             timeout=900)[0]  # fmt: skip
-            for half, (probe, rows) in zip(halves, got, strict=True):
+            hands[(b, p)] = [h for _, _, hand in got for h in hand]
+            for half, (probe, rows, _) in zip(halves, got, strict=True):
                 lk.bench.add_launch(probes, b, p, probe)
                 half[(b, p)] = rows
     seconds = time.perf_counter() - t0
@@ -118,7 +128,7 @@ def one_round(iters: int, fast: bool) -> tuple[dict, dict, float, float, dict]:
         for key in halves[0]
     }
     fastest, medians = errors(probes, measured, "min"), errors(probes, measured, "median")
-    return fastest, medians, seconds, load, repeat_error(*halves)
+    return fastest, medians, seconds, load, repeat_error(*halves), hands
 
 
 def report(rounds: list, args, load: list[float]) -> str:
@@ -179,7 +189,46 @@ def report(rounds: list, args, load: list[float]) -> str:
         f"measurement landed within {TARGET:.0%} of itself (the last column), the model was "
         f"within the target in {sum(e <= TARGET for e, _ in steady)} of {len(steady)}.",
     ]
+    lines += handoff_report(rounds, keys)
     return "\n".join(lines) + "\n"
+
+
+def held(hands: list[float]) -> bool:
+    """Whether a launch's hand-offs stayed within ``HELD`` of each other."""
+    return max(hands) <= HELD * min(hands)
+
+
+def handoff_report(rounds: list, keys: list) -> list[str]:
+    """The hand-off of every launch (before and after the calibration, after the collectives;
+    both halves), and the model's rows split by whether it held."""
+    lines = [
+        "",
+        "The hand-off between ranks 0 and 1 in each launch, µs (`labkit/bench_handoff.py`: 1 "
+        "MiB written by one, copied out by the other, and back; before the calibration, "
+        "after it, after the collectives; first half | second half), per round:",
+        "",
+        "| backend | ranks | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |",
+        "|---|---|" + "---|" * len(rounds),
+    ]
+    for b in BACKENDS:
+        for p in WORLD_SIZES:
+            cells = []
+            for r in rounds:
+                h = [f"{x * 1e6:.0f}" for x in r[5][(b, p)]]
+                mark = "" if held(r[5][(b, p)]) else " (moved)"
+                cells.append(" ".join(h[:3]) + " \\| " + " ".join(h[3:]) + mark)
+            lines.append(f"| {b} | {p} | " + " | ".join(cells) + " |")
+    split = {True: [], False: []}
+    for r in rounds:
+        for k in keys:
+            split[held(r[5][k[:2]])].append(r[0][k][0] <= TARGET)
+    lines += [
+        "",
+        f"Rows of launches whose hand-off held within {HELD}x: the model within the target in "
+        f"{sum(split[True])} of {len(split[True])}; where it moved: {sum(split[False])} of "
+        f"{len(split[False])}.",
+    ]
+    return lines
 
 
 def main() -> None:

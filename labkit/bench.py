@@ -27,6 +27,7 @@ from labkit.bench_calibrate import add_launch, calibrate, measure_probes, probe_
 from labkit.bench_collectives import COLLECTIVES, collective, collective_sizes
 from labkit.bench_compute import PeakFlops, peak_flops
 from labkit.bench_framework import framework_costs, strategy_step_s
+from labkit.bench_handoff import handoff
 from labkit.bench_p2p import p2p_pingpong
 from labkit.bench_results import GB, BenchResult, check_sizes
 from labkit.bench_workload import capstone_workload, workload_from_model
@@ -48,6 +49,7 @@ __all__ = [
     "collective_sizes",
     "format_table",
     "framework_costs",
+    "handoff",
     "launch_collective",
     "measure_probes",
     "message_sizes",

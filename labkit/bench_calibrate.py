@@ -8,8 +8,10 @@ duplex), every collective at its smallest size and a barrier (the per-call overh
 of a round), and, in the gloo launches, the machine itself: a one-core memcpy and a reduction
 pass (c, γ), and a fixed amount of memory-bound work and of a small transformer block's forward
 and backward done by one rank alone and then by all ranks at once (how ranks share the cores);
-and each collective and a pipeline's hop between short bursts of compute, at its smallest size
-and at the sizes a training step's calls have (``labkit.bench_between``)::
+each collective and a pipeline's hop between short bursts of compute, at its smallest size
+and at the sizes a training step's calls have (``labkit.bench_between``); and, last, the
+hand-off between ranks 0 and 1 (``labkit.bench_handoff``: what a byte one core has written
+costs another to read, in the state the host keeps the cores in next)::
 
     machine, probes = lk.bench.calibrate(["gloo", "labkit_shm"], world_sizes=(2, 4), fast=True)
     lk.costmodel.predict_collective(machine, "gloo", "all_reduce", 1 << 20, 4)
@@ -27,6 +29,7 @@ import torch.distributed as dist
 
 from labkit.bench_between import between, makespan, sized
 from labkit.bench_collectives import collective
+from labkit.bench_handoff import handoff
 from labkit.bench_p2p import p2p_pingpong
 from labkit.costmodel.calibrate import (
     BackendProbes,
@@ -185,6 +188,7 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
         out["exchange"] = [(n, *_exchange(n, iters))]
     if machine:
         out["machine"] = _machine(fast)
+    out["handoff"] = handoff(reps=10 if fast else 30)  # last: the state the host keeps next
     return out
 
 
@@ -260,6 +264,9 @@ def add_launch(probes: Probes, backend: str, world_size: int, result: dict) -> N
             getattr(bp, name), {(op, q, n, p): v for (op, n, q), v in r.get(name, {}).items()}
         )
     bp.chunk_bytes[p] = r["chunk_bytes"]
+    if r.get("handoff"):
+        h = r["handoff"]
+        pool_pairs(bp.handoff, {(p, h["n_bytes"]): (h["round_s"], h["private_s"])})
     if "p2p" in r:
         bp.p2p = pool_rows(bp.p2p, r["p2p"])
         before = {n: (both, one) for n, both, one in bp.exchange}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import statistics
 import tempfile
 import time
 
@@ -77,8 +76,8 @@ def handoff(
     at private speed.
 
     Returns:
-        On rank ``a``: ``{"round_s": median, "private_s": median}`` (seconds); ``None`` on
-        every other rank.
+        On rank ``a``: ``{"n_bytes": n_bytes, "round_s": [...], "private_s": [...]}``, the
+        ``reps`` samples of each, in seconds; ``None`` on every other rank.
 
     Raises:
         ValueError: ``a == b``, a rank outside the world, ``n_bytes`` or ``reps`` < 1.
@@ -123,7 +122,7 @@ def handoff(
             t0 = time.perf_counter()
             other.copy_(mine)
             private.append(time.perf_counter() - t0)
-        out = {"round_s": statistics.median(times[1:]), "private_s": statistics.median(private[1:])}
+        out = {"n_bytes": n_bytes, "round_s": times[1:], "private_s": private[1:]}
     del flags, shared
     mm.close()
     dist.barrier()

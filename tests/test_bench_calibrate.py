@@ -35,6 +35,10 @@ def test_fast_calibration_measures_every_term():
     # and at the sizes a step's calls have: on 2 ranks no pairs inside a larger world
     assert set(shm.wake_s) == {(op, 2) for op in (*WAKE_OPS, *HOPS)}
     assert shm.cpu_s == {}  # the CPU of pairs' calls: inside a larger world only
+    # the hand-off between ranks 0 and 1, in the backend's own launch: 1 MiB, a round per rep
+    ((key, (rounds, private)),) = probes.backends[0].handoff.items()
+    assert key == (2, 1 << 20) and len(rounds) == len(private) == 10
+    assert set(shm.handoff_s) == {2} and shm.handoff_s[2] >= 0
     assert all(set(shm.wake_s[(op, 2)]) == {8, *WAKE_SIZES} for op in WAKE_OPS)
     assert all(set(shm.wake_s[(op, 2)]) == {4, *WAKE_SIZES} for op in HOPS)  # one float
     for op in WAKE_OPS:  # priced there as measured, never below back to back

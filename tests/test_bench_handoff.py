@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import pytest
@@ -31,9 +32,10 @@ def test_the_round_is_timed_on_a_and_the_other_ranks_get_none(backend, world, a,
     got = lk.launch(probe, world, backend=backend, args=(a, b))
     assert [r is None for r in got] == [r != a for r in range(world)]
     out = got[a]
-    assert set(out) == {"round_s", "private_s"}
+    assert set(out) == {"n_bytes", "round_s", "private_s"} and out["n_bytes"] == 64 << 10
+    assert len(out["round_s"]) == len(out["private_s"]) == 5  # reps, the first round dropped
     # a round is two copies of the bytes and two flags: never below one private copy
-    assert 0 < out["private_s"] <= out["round_s"] < 1.0
+    assert 0 < statistics.median(out["private_s"]) <= statistics.median(out["round_s"]) < 1.0
     assert _leftovers() <= before  # the file is unlinked once both ranks have it mapped
 
 

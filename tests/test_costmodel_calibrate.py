@@ -215,3 +215,27 @@ def test_the_cpu_of_a_pairs_call_is_the_line_through_the_sizes_measured():
     assert machine_from_probes(probes, "median").backend("gloo").cpu_s[("all_gather", 2, 4)] == {
         MB: 0.0
     }
+
+
+def test_the_hand_off_is_its_round_less_two_private_copies_per_byte():
+    # 1 MiB: rounds of 300-320 us against private copies of 50-60 us: (300 − 2·50) / MiB at
+    # the fastest, (310 − 2·55) / MiB at the medians; a round faster than two copies is 0
+    probes = make_probes()
+    shm = probes.backends[1]
+    assert shm.name == "labkit_shm" and shm.handoff == {}
+    shm.handoff = {
+        (2, MB): ([300e-6, 310e-6, 320e-6], [50e-6, 55e-6, 60e-6]),
+        (4, MB): ([90e-6, 95e-6], [50e-6, 55e-6]),
+    }
+    fast = machine_from_probes(probes, "min").backend("labkit_shm")
+    typical = machine_from_probes(probes, "median").backend("labkit_shm")
+    assert fast.handoff_s[2] == pytest.approx(200e-6 / MB)
+    assert typical.handoff_s[2] == pytest.approx(200e-6 / MB)
+    assert fast.handoff_s[4] == 0.0 and typical.handoff_s[4] == 0.0
+    assert machine_from_probes(probes, "min").backend("gloo").handoff_s == {}
+    # pooled: the samples of both calibrations, world size by world size
+    other = make_probes()
+    other.backends[1].handoff = {(2, MB): ([250e-6], [50e-6])}
+    both = pool(probes, other).backends[-1]
+    assert both.handoff[(2, MB)] == ([300e-6, 310e-6, 320e-6, 250e-6], [50e-6, 55e-6, 60e-6, 50e-6])
+    assert both.handoff[(4, MB)] == shm.handoff[(4, MB)]

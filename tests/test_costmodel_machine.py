@@ -175,3 +175,38 @@ def test_validation():
         BackendCosts("x", "gloo", 0, 0, duplex=0.5)
     with pytest.raises(ValueError):
         MachineModel(cores=0)
+
+
+def test_labkit_shm_pays_the_hand_off_on_what_it_reads_from_its_peers_slots():
+    # 0.05 ns per byte beyond two private copies, measured on 2 ranks only
+    shm = dataclasses.replace(SHM, handoff_s={2: 0.05e-9})
+    m = dataclasses.replace(MACHINE, backends={"gloo": GLOO, "labkit_shm": shm})
+    n, h = 8 * MB, 0.05e-9
+    cases = {  # bytes read from peers' slots, per byte of n, on 2 and 4 ranks (nearest: 2's)
+        ("all_reduce", 2): 1.0,  # split: the peer's half of my piece, then its reduced piece
+        ("all_reduce", 4): 1.5,
+        ("all_gather", 4): 0.75,
+        ("reduce_scatter", 2): 0.5,
+        ("broadcast", 4): 1.0,
+    }
+    for (op, p), cross in cases.items():
+        assert recipe("labkit_shm", op, p, n).cross == cross
+        t = collective_terms(m, "labkit_shm", op, n, p)
+        assert math.isclose(t["handoff"], cross * n * h)
+        base = collective_terms(MACHINE, "labkit_shm", op, n, p)
+        assert base["handoff"] == 0  # not measured: nothing added
+        assert math.isclose(
+            predict_collective(m, "labkit_shm", op, n, p),
+            predict_collective(MACHINE, "labkit_shm", op, n, p) + cross * n * h,
+        )
+    # one-shot: every peer's whole chunk; gloo's bytes go through sockets (β has them)
+    small = SHM_ONE_SHOT_BYTES
+    assert collective_terms(m, "labkit_shm", "all_reduce", small, 4)["handoff"] == pytest.approx(
+        3 * small * h
+    )
+    assert recipe("gloo", "all_reduce", 4, n).cross == 0
+    assert collective_terms(MACHINE, "gloo", "all_reduce", n, 4)["handoff"] == 0
+    # the nearest measured world size, the smaller on a tie
+    two_four = dataclasses.replace(SHM, handoff_s={2: 1e-9, 4: 3e-9})
+    assert [two_four.handoff(p) for p in (2, 3, 4, 8)] == [1e-9, 1e-9, 3e-9, 3e-9]
+    assert SHM.handoff(4) == 0.0

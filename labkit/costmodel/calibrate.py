@@ -26,6 +26,9 @@ the numbers they were made from:
   line through the sizes: with more ranks than cores, what a call inside forward or backward
   takes from the cores while the other pairs compute through its waits;
 - round_s(p): the time of a barrier (one round) on p ranks, for backends that work in rounds;
+- handoff_s(p): per byte, one hand-off's round (a rank writes n bytes into shared memory,
+  another copies them out, the first sees it done) less two copies of n between private
+  buffers (at least 0), in the backend's own launches on p ranks;
 - copy and reduction rates: seconds per byte of one copy and of one ``a += b`` of n bytes,
   per size, while p ranks do the same at once (p = 1: one rank alone), which is how the ranks
   share the cores and the memory;
@@ -98,6 +101,8 @@ class BackendProbes:
             alone (a group smaller than the world: every group calls at once).
         sized_cpu: the same for a group smaller than the world, in CPU seconds of a rank's
             process (every thread), the mean over ranks.
+        handoff: ``(world_size, n_bytes) → (round samples, private copy samples)`` of
+            ``labkit.bench_handoff.handoff``.
     """
 
     name: str
@@ -111,6 +116,7 @@ class BackendProbes:
     sized_cpu: dict[tuple[str, int, int, int], tuple[Samples, Samples]] = field(
         default_factory=dict
     )
+    handoff: dict[tuple[int, int], tuple[Samples, Samples]] = field(default_factory=dict)
 
 
 @dataclass
@@ -182,6 +188,7 @@ def pool(*many: Probes) -> Probes:
             pool_pairs(mine.between, b.between)
             pool_pairs(mine.sized, b.sized)
             pool_pairs(mine.sized_cpu, b.sized_cpu)
+            pool_pairs(mine.handoff, b.handoff)
             mine.chunk_bytes.update(b.chunk_bytes)
     return out
 
@@ -228,6 +235,10 @@ def _backend(probe: BackendProbes, stat: str) -> BackendCosts:
         chunk_bytes=dict(probe.chunk_bytes),
         sync_s=sync,
         cpu_s=_cpu(probe, stat),
+        handoff_s={
+            p: max(0.0, pick(round_, stat) - 2 * pick(private, stat)) / n
+            for (p, n), (round_, private) in sorted(probe.handoff.items())
+        },
     )
 
 

@@ -12,7 +12,7 @@ ranks. A ``MachineModel`` holds each of these as a number measured on the machin
 measurements into this model), and ``predict_collective`` adds them up::
 
     t = overhead(op, p) + (rounds − 1)·round_s(p) + messages·α·s(p)
-        + wire·n·β·[duplex]·s(p) + copy·n·c(p, n) + reduce·n·a(p, n)
+        + wire·n·β·[duplex]·s(p) + copy·n·c(p, n) + reduce·n·a(p, n) + cross·n·h(p)
 
 with the recipe's counts per byte of n (and its messages beyond the smallest call's: gloo's
 ring cuts a buffer into more segments than p); c(p, n) and a(p, n) the seconds per byte of one
@@ -22,7 +22,11 @@ many ranks take turns on a core as when α and β were measured on 2 ranks (a so
 are the kernel's work on the sending and the receiving core: on 4 ranks of 2 cores, in four
 rounds of ``benchmarks/collective_model.py``'s launches with both priced on the same
 measurements, gloo's rows came closer in 14 of 16 row-rounds with s(p) than with the copy
-rates' ratio c(p, n)/c(2, n), which also counts the memory's contention at n); and, between
+rates' ratio c(p, n)/c(2, n), which also counts the memory's contention at n); h(p) what a
+byte costs beyond two private copies when one rank writes it into shared memory and another
+copies it out (``labkit/bench_handoff.py``, measured in the backend's own launches: every line
+comes from the other core's cache, and the host decides how far that is), paid on the bytes a
+labkit_shm rank reads from its peers' slots (the recipe's ``cross``); and, between
 bursts of compute as a training step makes the calls (``between_compute=True``), each call's
 fixed cost measured that way (``sync_s``), and, where measured at a few sizes, what a call of
 n bytes costs there beyond this formula's price of the same call back to back (``wake_s``: a
@@ -81,6 +85,9 @@ class BackendCosts:
         cpu_s: per ``(op, group size, world_size)``, ``{n_bytes: seconds}``: the CPU time a
             rank's process spends in one call of a group smaller than the world, every group
             calling at once between bursts of compute (between the sizes as ``wake_s``).
+        handoff_s: per world size, the seconds per byte a hand-off between two cores costs
+            beyond two private copies (one rank writes the bytes into shared memory, another
+            copies them out), measured in this backend's launches.
     """
 
     name: str
@@ -94,6 +101,7 @@ class BackendCosts:
     sync_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
     wake_s: Mapping[tuple, Mapping[int, float]] = field(default_factory=dict)
     cpu_s: Mapping[tuple[str, int, int], Mapping[int, float]] = field(default_factory=dict)
+    handoff_s: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in (*KINDS, NETWORK_KIND):
@@ -109,6 +117,13 @@ class BackendCosts:
         measured)."""
         table = self.cpu_s.get((op, group, world))
         return _interp(table, max(n_bytes, 1.0)) if table else None
+
+    def handoff(self, world_size: int) -> float:
+        """``handoff_s`` on ``world_size`` ranks, else at the nearest measured world size (0:
+        none measured)."""
+        if not self.handoff_s:
+            return 0.0
+        return self.handoff_s[min(self.handoff_s, key=lambda q: (abs(q - world_size), q))]
 
     @property
     def latency_us(self) -> float:
@@ -284,7 +299,7 @@ def collective_terms(
             (``wake_s`` measured so, where it was).
 
     Returns:
-        ``{"overhead", "rounds", "wire", "copy", "reduce"}`` (zeros on one rank); for a
+        ``{"overhead", "rounds", "wire", "copy", "reduce", "handoff"}`` (zeros on one rank); for a
         ``"network"`` backend ``{"formula": ...}`` alone.
 
     Raises:
@@ -296,7 +311,7 @@ def collective_terms(
     if op in ("p2p", P2P_BUSY):  # one message; world_size: how many ranks are busy meanwhile
         return {"overhead": b.overhead(op, max(p, 2), between_compute, n), "wire": n * b.beta}
     if p <= 1:
-        return dict.fromkeys(("overhead", "rounds", "wire", "copy", "reduce"), 0.0)
+        return dict.fromkeys(("overhead", "rounds", "wire", "copy", "reduce", "handoff"), 0.0)
     if b.kind == NETWORK_KIND:
         net = Network.from_alpha_beta(b.alpha, max(b.beta, 1e-300), machine.gamma)
         return {"formula": predict(op, n, p, net)}
@@ -313,6 +328,7 @@ def collective_terms(
         "wire": wire_share * r.wire * n * b.beta * (b.duplex if r.exchange else 1.0),
         "copy": r.copy * n * machine.copy_rate(p, n),
         "reduce": r.reduce * n * machine.add_rate(p, n),
+        "handoff": r.cross * n * b.handoff(p),
     }
 
 

@@ -27,7 +27,9 @@ calibrated rates.
   (copy (p−1)/p·n in, reduce its piece: (p−1)/p·n, copy it back, n/p, copy (p−1)/p·n out; one
   round more than the chunks). ``all_gather``: copy n/p in, n out. ``reduce_scatter``: copy
   n in (a block per destination), reduce (p−1)/p·n. ``broadcast``: the root copies n in,
-  every other rank n out, chunk by chunk.
+  every other rank n out, chunk by chunk. What a rank reads from its peers' slots (``cross``):
+  one-shot (p−1)·n, the split all-reduce 2(p−1)/p·n (its piece's peers' parts, then the peers'
+  reduced pieces), all-gather and reduce-scatter (p−1)/p·n, broadcast n.
 
 Pure arithmetic, no torch.
 """
@@ -71,6 +73,8 @@ class Recipe:
         copy: bytes copied by the rank itself (memcpy rate).
         reduce: bytes reduced (γ each: one pass of ``a += b`` over them).
         chunked: bytes that stream through slots of ``chunk_bytes``, one round each.
+        cross: bytes read from slots a peer has just written (each line from the peer's
+            cache: the hand-off's price per byte on top of the copy or reduction).
         extra_rounds: rounds beyond the chunks (labkit_shm's pipelined all-reduce: 1).
         messages: point-to-point messages on the critical path beyond those of the
             smallest call (which the measured per-call cost covers), α each: not per byte.
@@ -82,6 +86,7 @@ class Recipe:
     copy: float = 0.0
     reduce: float = 0.0
     chunked: float = 0.0
+    cross: float = 0.0
     extra_rounds: int = 0
     messages: float = 0.0
     source: str = ""
@@ -133,20 +138,23 @@ def _shm(op: str, p: int, n_bytes: float) -> Recipe:
     f = (p - 1) / p
     if op == "all_reduce":
         if n_bytes <= SHM_ONE_SHOT_BYTES:
-            return Recipe(copy=1, reduce=p - 1, chunked=1, source="labkit_shm one-shot")
+            return Recipe(
+                copy=1, reduce=p - 1, chunked=1, cross=p - 1, source="labkit_shm one-shot"
+            )
         return Recipe(
             copy=2 * f + 1 / p,
             reduce=f,
             chunked=1,
+            cross=2 * f,
             extra_rounds=1,
             source="labkit_shm reduce-scatter + all-gather, pipelined",
         )
     if op == "all_gather":
-        return Recipe(copy=1 + 1 / p, chunked=1 / p, source="labkit_shm all-gather")
+        return Recipe(copy=1 + 1 / p, chunked=1 / p, cross=f, source="labkit_shm all-gather")
     if op == "reduce_scatter":
-        return Recipe(copy=1, reduce=f, chunked=1, source="labkit_shm reduce-scatter")
+        return Recipe(copy=1, reduce=f, chunked=1, cross=f, source="labkit_shm reduce-scatter")
     if op == "broadcast":
-        return Recipe(copy=1, chunked=1, source="labkit_shm broadcast")
+        return Recipe(copy=1, chunked=1, cross=1, source="labkit_shm broadcast")
     raise ValueError(f"no labkit_shm recipe for {op!r}; known: all_reduce, all_gather, ...")
 
 
