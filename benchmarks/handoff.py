@@ -6,8 +6,9 @@ One launch of 2 ranks on labkit_shm after another; in each, ``--blocks`` times o
 hand-off (rank 0 writes 1 MiB into shared memory, rank 1 copies it out, and rank 0 sees it
 done; and one copy of 1 MiB between private buffers: ``labkit/bench_handoff.py``), then
 labkit_shm's all_reduce of ``--size`` bytes and gloo's (a gloo group over the same two
-ranks), fastest of 10 each, a barrier before each call. Printed per block: the seconds since
-the start, the two copies, the two all-reduces; then how closely each all-reduce follows the
+ranks), fastest of 10 each, a barrier before each call. Printed per window of ``--window``
+seconds (0: per block): the seconds since the start, the blocks, and the median of the two
+copies and the two all-reduces over its blocks; then how closely each all-reduce follows the
 hand-off across blocks (Pearson's r), and the median of each column in the blocks whose
 hand-off took at most 1.5x the run's median and in the others.
 
@@ -66,20 +67,24 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=60, help="blocks per launch")
     parser.add_argument("--size", type=int, default=4 << 20, help="all_reduce bytes")
     parser.add_argument("--launches", type=int, default=3, help="launches, one after another")
+    parser.add_argument("--window", type=float, default=5.0, help="seconds per printed line")
     args = parser.parse_args()
     lk.launcher.settle()
     print(machine())
     print(".venv/bin/python benchmarks/handoff.py " + " ".join(sys.argv[1:]))
-    print(
-        "   s  hand-off µs  private µs  labkit_shm ms  gloo ms  (1 MiB; all_reduce "
-        f"of {args.size} bytes, fastest of 10)"
-    )
+    print("   s  blocks  hand-off µs  private µs  labkit_shm ms  gloo ms  (1 MiB; all_reduce "
+          f"of {args.size} bytes, fastest of 10; medians per line)")  # fmt: skip
     t0, rows = time.time(), []
     for _ in range(args.launches):
-        got = lk.launch(rank_fn, 2, backend="labkit_shm", args=(args.blocks, args.size, t0))
-        for s, h, p, shm, gl in got[0]:
-            print(f"{s:5.0f}  {h * 1e6:10.0f}  {p * 1e6:10.0f}  {shm * 1e3:13.2f}  {gl * 1e3:7.2f}")
-        rows += got[0]
+        rows += lk.launch(rank_fn, 2, backend="labkit_shm", args=(args.blocks, args.size, t0))[0]
+    windows: dict[float, list] = {}
+    for r in rows:
+        start = r[0] // args.window * args.window if args.window > 0 else r[0]
+        windows.setdefault(start, []).append(r)
+    for start, part in windows.items():
+        h, p, shm, gl = (statistics.median(r[i] for r in part) for i in range(1, 5))
+        print(f"{start:4.0f}  {len(part):6d}  {h * 1e6:11.0f}  {p * 1e6:10.0f}  "
+              f"{shm * 1e3:13.2f}  {gl * 1e3:7.2f}")  # fmt: skip
     hand = [r[1] for r in rows]
     if len(set(hand)) > 1:
         r_shm, r_gloo = (statistics.correlation(hand, [r[i] for r in rows]) for i in (3, 4))

@@ -58,9 +58,15 @@ def strategies(world_size: int) -> list:
     return out
 
 
+def _handoff_us(probes) -> str:
+    """The median hand-off round of each launch of a calibration, µs (``lk.bench.handoff``)."""
+    h = probes.backends[0].handoff
+    return ", ".join(f"{statistics.median(h[k][0]) * 1e6:.0f}" for k in sorted(h))
+
+
 def one_round(steps: int, backend: str) -> dict:
     config = cap.RunConfig(steps=steps, eval_every=steps, max_norm=0.5, warmup_steps=1)
-    out = {"calibration_s": [], "load": [], "rows": {}, "before_only": {}}
+    out = {"calibration_s": [], "load": [], "rows": {}, "before_only": {}, "handoff": []}
     for p in (2, 4):  # calibrate right before and right after the runs: the load drifts
         t0 = time.perf_counter()
         before = lk.bench.measure_probes([backend], (2, p), fast=True)
@@ -72,6 +78,7 @@ def one_round(steps: int, backend: str) -> dict:
         after = lk.bench.measure_probes([backend], (2, p), fast=True)
         machine = machine_from_probes(pool(before, after), "median")
         first = machine_from_probes(before, "median")  # notebook 21's: one calibration before
+        out["handoff"].append((p, _handoff_us(before), _handoff_us(after)))
         for s, ranks in zip(ss, runs, strict=True):
             measured = statistics.median(ranks[0]["step_s"][1:])
             args = (s.dims, s.zero_stage, s.fsdp, s.microbatches)
@@ -147,6 +154,16 @@ def report(rounds: list[dict], args, load: list[float]) -> str:
         f"is measured fastest or within {RANK_SLACK - 1:.0%} of it):",
         "",
         *[f"- {line}" for line in ranking],
+        "",
+        "The hand-off between ranks 0 and 1 (1 MiB there and back, µs; the calibration's last "
+        "probe, in its 2-rank launch and then its p-rank one), in the calibration before the "
+        "runs → after them:",
+        "",
+        *[
+            f"- round {i + 1}, {p} ranks: {b} → {a}"
+            for i, r in enumerate(rounds)
+            for p, b, a in r["handoff"]
+        ],
     ]
     return "\n".join(lines) + "\n"
 
