@@ -18,6 +18,8 @@ of all rounds are pooled, so a slow minute of the machine hits both. Reported:
   ranks, ``lk.costmodel.fit``) predicts the all-reduce time (ring, Thakur, Rabenseifner and
   Gropp 2005): the median relative error |predicted − measured| / measured over sizes ≥ 64 KB;
 - the targets: labkit_shm's 16 MB busbw at least 5x gloo's with 2 ranks, 4x with 4;
+- the hand-off between two cores before and after each all-reduce launch (``lk.bench.handoff``):
+  where the host runs the two virtual CPUs, which moves labkit_shm's time more than gloo's;
 - what bounds labkit_shm: the memory work of its all-reduce alone (its copies and reduction
   passes, ``lk.costmodel.recipes``, priced at the rates ``lk.bench.measure_probes`` measures
   while every rank copies at once — a rank per core, or two), against its measured time and
@@ -89,12 +91,20 @@ def _pool(runs: list[list]) -> list:
     return pooled
 
 
-def _allreduce(rank: int, world_size: int, sizes: list[int], iters: int) -> list:
-    return lk.bench.collective("all_reduce", sizes, iters=iters, warmup=3)
+def _allreduce(rank: int, world_size: int, sizes: list[int], iters: int) -> tuple:
+    """The rows, and the hand-off between ranks 0 and 1 before and after them (µs)."""
+    before = lk.bench.handoff()
+    rows = lk.bench.collective("all_reduce", sizes, iters=iters, warmup=3)
+    after = lk.bench.handoff()
+    hand = [h and statistics.median(h["round_s"]) * 1e6 for h in (before, after)]
+    return rows, hand
 
 
 def _pingpong(rank: int, world_size: int, sizes: list[int], iters: int) -> list:
     return lk.bench.p2p_pingpong(sizes, iters=iters, warmup=3)
+
+
+HANDOFF: dict = {}  # (backend, world size) -> [[µs before, after], ...] per round
 
 
 def measure(world_sizes: list[int], iters: int, rounds: int) -> dict:
@@ -106,8 +116,11 @@ def measure(world_sizes: list[int], iters: int, rounds: int) -> dict:
             rows = lk.launch(_pingpong, 2, backend=backend, args=(P2P_SIZES, iters), timeout=600)
             runs.setdefault(key, []).append(rows[0])
             for p in world_sizes:
-                rows = lk.launch(_allreduce, p, backend=backend, args=(SIZES, iters), timeout=600)
-                runs.setdefault((backend, p), []).append(rows[0])
+                rows, hand = lk.launch(
+                    _allreduce, p, backend=backend, args=(SIZES, iters), timeout=600
+                )[0]
+                runs.setdefault((backend, p), []).append(rows)
+                HANDOFF.setdefault((backend, p), []).append(hand)
     return {key: _pool(r) for key, r in runs.items()}
 
 
@@ -208,6 +221,18 @@ def report(
         lat = (s[8].time_s / g[8].time_s, s[8].time_min_s / g[8].time_min_s)
         bus = (s[BIG].busbw_gbps / g[BIG].busbw_gbps, best_busbw(s[BIG]) / best_busbw(g[BIG]))
         lines.append(f"| {p} | {lat[0]:.2f} / {lat[1]:.2f} | {bus[0]:.2f} / {bus[1]:.2f} |")
+    lines += [
+        "",
+        "The hand-off between ranks 0 and 1 before and after each all-reduce launch (µs, "
+        "`lk.bench.handoff`: 1 MiB there and back; about 100 on this machine while the host "
+        "keeps the two cores close, about 500 when not — `benchmarks/handoff.py`), per round: "
+        + "; ".join(
+            f"{b} {p} ranks " + ", ".join(f"{x:.0f} → {y:.0f}" for x, y in HANDOFF.get((b, p), []))
+            for p in world_sizes
+            for b in BACKENDS
+        )
+        + ".",
+    ]
     if model is not None:
         lines += bound_lines(results, world_sizes, model)
     lines += [
