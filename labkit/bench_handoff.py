@@ -30,15 +30,22 @@ from labkit.backends._shm.segment import SHM_DIR
 __all__ = ["handoff"]
 
 _FLAGS = 4096  # a page of flags before the data: word 0 is a's round, word 8 b's
+_SPINS = 2000  # polls before a waiter starts to yield (tens of microseconds)
 
 
 def _wait(flags: memoryview, word: int, value: int, deadline: float, rank: int, who: int):
+    """Spin until ``flags[word] == value``; after a while yield the core each time round (a
+    peer that shares this core cannot run while it spins)."""
+    polls = 0
     while flags[word] != value:
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"lk.bench handoff: rank {rank} waited for rank {who} past the deadline "
-                f"(round {value}); is rank {who} alive and calling handoff too?"
-            )
+        polls += 1
+        if polls > _SPINS:
+            os.sched_yield()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"lk.bench handoff: rank {rank} waited for rank {who} past the deadline "
+                    f"(round {value}); is rank {who} alive and calling handoff too?"
+                )
 
 
 def _map(rank: int, a: int, n_bytes: int) -> tuple[mmap.mmap, str]:
