@@ -1,6 +1,7 @@
 """The hand-off between two cores: how long a rank takes to read bytes a peer has just written.
 
-Introduced in benchmarks/handoff.py and benchmarks/collective_model.py (issue 16's model).
+Introduced in notebooks/05_communication_cost.ipynb (section 10, the calibration's last probe);
+``benchmarks/handoff.py`` follows it over time.
 
 labkit_shm moves every byte this way: a rank writes a chunk into its slot of shared memory,
 and its peers copy it out. The calibration prices copies at the rate of one copy between two
@@ -71,8 +72,8 @@ def handoff(
     a: int = 0,
     b: int = 1,
     timeout: float = 30.0,
-) -> dict[str, float] | None:
-    """Seconds of one hand-off of ``n_bytes`` from rank ``a`` to rank ``b`` and back to ``a``.
+) -> dict | None:
+    """Samples of one hand-off of ``n_bytes`` from rank ``a`` to rank ``b`` and back to ``a``.
 
     Call it on every rank of the world (the others wait in a barrier). ``reps`` times, timed
     on ``a``: ``a`` copies a private buffer into the shared one (whose lines ``b`` read the
