@@ -172,24 +172,34 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     torch.set_num_threads(1)  # one core per rank, as the course's ranks run
     iters = 8 if fast else 20
     reps = 5 if fast else 9  # calls between bursts vary the most: a median of more samples
-    # the calls between bursts first (a step's prices): the back-to-back probes then stay
-    # seconds before what a launch measures after them (``then``), as they always were
+    # the calls between bursts first (a step's prices; after the wire's first half): the
+    # back-to-back probes then stay seconds before what a launch measures after them
+    # (``then``), as they always were. The wire twice, first and last, seconds apart: a host
+    # that slows the transfers between two cores for a few seconds (benchmarks/handoff.py)
+    # then rarely covers both
     out: dict = {}
+    wire = [_wire(iters)] if world_size == 2 else []
     out["sized"], out["sized_cpu"] = sized(iters, reps)
     out["between"] = between(iters, reps)
     out["tiny"] = _tiny(iters)
     pg = dist.group.WORLD
     out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
-    if world_size == 2:
-        sizes = [8, 1 << 16, 1 << 20, 1 << 22]
-        rows = p2p_pingpong(sizes, iters=iters, warmup=2)
-        out["p2p"] = [(r.n_bytes, list(r.times_s)) for r in rows]
-        n = 1 << 22
-        out["exchange"] = [(n, *_exchange(n, iters))]
+    if wire:
+        wire.append(_wire(iters))
+        out["p2p"] = [(n, [*a, *b]) for (n, a), (_, b) in zip(*(w[0] for w in wire), strict=True)]
+        (n, both0, one0), (_, both1, one1) = (w[1] for w in wire)
+        out["exchange"] = [(n, [*both0, *both1], [*one0, *one1])]
     if machine:
         out["machine"] = _machine(fast)
     out["handoff"] = handoff(reps=10 if fast else 30)  # last: the state the host keeps next
     return out
+
+
+def _wire(iters: int) -> tuple[list, tuple]:
+    """A ping-pong at four sizes and a 4 MB exchange, on 2 ranks: ``(p2p rows, exchange)``."""
+    rows = p2p_pingpong([8, 1 << 16, 1 << 20, 1 << 22], iters=iters, warmup=2)
+    n = 1 << 22
+    return [(r.n_bytes, list(r.times_s)) for r in rows], (n, *_exchange(n, iters))
 
 
 def _probe_then(rank: int, world_size: int, machine: bool, fast: bool, then: Callable | None):
