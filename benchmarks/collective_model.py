@@ -60,7 +60,7 @@ def _calibrate_and_measure(rank: int, world_size: int, backend: str, iters: int,
     for _ in range(2):
         hand = [handoff()]
         probe = lk.bench.probe_rank(rank, world_size, backend == "gloo", fast)
-        hand.append(handoff())
+        hand.append(probe["handoff"])  # the probe's own, its last
         rows = {c: lk.bench.collective(c, SIZES, iters=iters, warmup=2) for c in OPS}
         hand.append(handoff())
         hand = [h and statistics.median(h["round_s"]) for h in hand]
