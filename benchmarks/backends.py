@@ -104,12 +104,11 @@ def _pingpong(rank: int, world_size: int, sizes: list[int], iters: int) -> list:
     return lk.bench.p2p_pingpong(sizes, iters=iters, warmup=3)
 
 
-HANDOFF: dict = {}  # (backend, world size) -> [[µs before, after], ...] per round
-
-
-def measure(world_sizes: list[int], iters: int, rounds: int) -> dict:
-    """All-reduce rows per (backend, world size) and p2p rows per backend, rounds pooled."""
+def measure(world_sizes: list[int], iters: int, rounds: int) -> tuple[dict, dict]:
+    """All-reduce rows per (backend, world size) and p2p rows per backend, rounds pooled; and
+    the hand-off before and after each all-reduce launch, µs, per (backend, world size)."""
     runs: dict = {}
+    hands: dict = {}
     for _ in range(rounds):
         for backend in BACKENDS:
             key = (backend, "p2p")
@@ -120,8 +119,8 @@ def measure(world_sizes: list[int], iters: int, rounds: int) -> dict:
                     _allreduce, p, backend=backend, args=(SIZES, iters), timeout=600
                 )[0]
                 runs.setdefault((backend, p), []).append(rows)
-                HANDOFF.setdefault((backend, p), []).append(hand)
-    return {key: _pool(r) for key, r in runs.items()}
+                hands.setdefault((backend, p), []).append(hand)
+    return {key: _pool(r) for key, r in runs.items()}, hands
 
 
 def model_error(p2p_rows: list, ar_rows: list, stat: str) -> tuple[lk.Network, float, float]:
@@ -169,6 +168,7 @@ def bound_lines(results: dict, world_sizes: list[int], model) -> list[str]:
 
 def report(
     results: dict,
+    hands: dict,
     world_sizes: list[int],
     copy: dict[int, float],
     load: list[float],
@@ -227,7 +227,7 @@ def report(
         "`lk.bench.handoff`: 1 MiB there and back; about 100 on this machine while the host "
         "keeps the two cores close, about 500 when not — `benchmarks/handoff.py`), per round: "
         + "; ".join(
-            f"{b} {p} ranks " + ", ".join(f"{x:.0f} → {y:.0f}" for x, y in HANDOFF.get((b, p), []))
+            f"{b} {p} ranks " + ", ".join(f"{x:.0f} → {y:.0f}" for x, y in hands.get((b, p), []))
             for p in world_sizes
             for b in BACKENDS
         )
@@ -267,7 +267,7 @@ def main() -> None:
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
     load = [os.getloadavg()[0]]
     copy = {n: memcpy_gbps(n) for n in (BIG, 4 * BIG)}
-    results = measure(world_sizes, args.iters, args.rounds)
+    results, hands = measure(world_sizes, args.iters, args.rounds)
     probes = lk.bench.measure_probes(BACKENDS, world_sizes, fast=True)
     model = lk.costmodel.calibrate.machine_from_probes(probes, "min")
     load.append(os.getloadavg()[0])
@@ -276,7 +276,7 @@ def main() -> None:
     for (backend, p), rows in results.items():
         print(f"# {backend}, {'2 ranks, p2p' if p == 'p2p' else f'{p} ranks, all_reduce'}")
         print(lk.bench.format_table(rows))
-    text = report(results, world_sizes, copy, load, args, model)
+    text = report(results, hands, world_sizes, copy, load, args, model)
     publish(text, args.out)
     lk.shutdown()
 

@@ -174,9 +174,9 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     reps = 5 if fast else 9  # calls between bursts vary the most: a median of more samples
     # the calls between bursts first (a step's prices; after the wire's first half): the
     # back-to-back probes then stay seconds before what a launch measures after them
-    # (``then``), as they always were. The wire twice, first and last, seconds apart: a host
-    # that slows the transfers between two cores for a few seconds (benchmarks/handoff.py)
-    # then rarely covers both
+    # (``then``), as they always were. The wire twice, first and after those probes, seconds
+    # apart: a host that slows the transfers between two cores for a few seconds
+    # (benchmarks/handoff.py) then rarely covers both
     out: dict = {}
     wire = [_wire(iters)] if world_size == 2 else []
     out["sized"], out["sized_cpu"] = sized(iters, reps)
@@ -185,10 +185,11 @@ def probe_rank(rank: int, world_size: int, machine: bool = False, fast: bool = T
     pg = dist.group.WORLD
     out["chunk_bytes"] = int(getattr(pg, "slot_bytes", 0))
     if wire:
-        wire.append(_wire(iters))
-        out["p2p"] = [(n, [*a, *b]) for (n, a), (_, b) in zip(*(w[0] for w in wire), strict=True)]
-        (n, both0, one0), (_, both1, one1) = (w[1] for w in wire)
-        out["exchange"] = [(n, [*both0, *both1], [*one0, *one1])]
+        (first, (n, *pair)), (again, (_, *more)) = wire[0], _wire(iters)
+        out["p2p"] = pool_rows(first, again)
+        exchange = {n: tuple(pair)}
+        pool_pairs(exchange, {n: tuple(more)})
+        out["exchange"] = [(n, *exchange[n])]
     if machine:
         out["machine"] = _machine(fast)
     out["handoff"] = handoff(reps=10 if fast else 30)  # last: the state the host keeps next
